@@ -1,0 +1,38 @@
+# Two commands matter: `make run` and `make test`. Both set everything up first;
+# a second run reuses the virtual environment and the jar cache.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+ESK    := $(VENV)/bin/esk
+VENV_STAMP := $(VENV)/.esk-installed
+KAFKA_JARS := deploy/kafka/libs/.resolved
+
+.PHONY: run test setup venv jars bench bench-quick clean
+
+setup: venv jars
+
+venv: $(VENV_STAMP)
+$(VENV_STAMP): pyproject.toml
+	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found: install Python 3.11+ (apt-get install python3 python3-venv)"; exit 1; }
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "error: esk needs Python 3.11+, $(PYTHON) is $$($(PYTHON) --version)"; exit 1; }
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || { echo "error: could not create $(VENV): apt-get install python3-venv"; exit 1; }
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $@
+
+jars: $(KAFKA_JARS)
+$(KAFKA_JARS): deploy/kafka/pom.xml
+	@command -v java >/dev/null 2>&1 || { echo "error: java not found: install OpenJDK 17+ (apt-get install openjdk-17-jre-headless)"; exit 1; }
+	@command -v mvn >/dev/null 2>&1 || { echo "error: mvn not found: install Maven (apt-get install maven)"; exit 1; }
+	rm -rf deploy/kafka/libs
+	mvn -q -B -f deploy/kafka/pom.xml dependency:copy-dependencies
+	@touch $@
+
+run: setup
+	$(ESK) dev
+
+test: setup
+	$(PY) -m pytest -p no:cacheprovider
+
+clean:
+	rm -rf $(VENV) deploy/kafka/libs .esk

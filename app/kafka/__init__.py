@@ -1,0 +1,1 @@
+"""Kafka plumbing: client options, topic layout and administration."""

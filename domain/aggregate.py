@@ -1,0 +1,149 @@
+"""What an aggregate type is: pydantic commands, events and state plus two pure functions.
+
+    decide(state, command) -> list[Event] | Rejection
+    evolve(state, event)   -> state
+
+`state` is None before the aggregate's first event. The lifecycle rules every aggregate
+shares live here, not in each domain: a creating command on an existing aggregate is
+rejected `already_exists`, any other command on a missing one `not_found`.
+
+Nothing here knows about Kafka, HTTP or storage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, ClassVar, Generic, TypeVar
+
+from pydantic import BaseModel, ConfigDict
+
+
+class Command(BaseModel):
+    """A request to change one aggregate. Unknown fields are an error, not ignored."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Event(BaseModel):
+    """A fact. `schema_version` is bumped whenever the persisted shape changes; older
+    payloads are brought up to date by the aggregate type's upcasters when read."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    schema_version: ClassVar[int] = 1
+
+    @classmethod
+    def type_name(cls) -> str:
+        return cls.__name__
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A command refused by the domain: a stable machine-readable code, a human detail."""
+
+    code: str
+    detail: str
+
+
+NOT_FOUND = "not_found"
+ALREADY_EXISTS = "already_exists"
+
+S = TypeVar("S", bound=BaseModel)
+Decision = Sequence[Event] | Rejection
+# (event type name, schema version it reads) -> function returning the next version's payload
+Upcasters = Mapping[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]]
+
+
+class UnknownEventType(LookupError):
+    pass
+
+
+@dataclass(frozen=True)
+class AggregateType(Generic[S]):
+    """Registering an aggregate type is constructing one of these.
+
+    `retention`, when given, says how long after its last event a *final* aggregate
+    (one for which `is_final(state)` holds, e.g. a closed account) is kept before
+    its state expires.
+    """
+
+    name: str
+    state: type[S]
+    commands: Mapping[str, type[Command]]
+    events: Sequence[type[Event]]
+    decide: Callable[[S | None, Any], Decision]
+    evolve: Callable[[S | None, Any], S]
+    creates: frozenset[type[Command]]
+    upcasters: Upcasters = field(default_factory=dict)
+    retention: timedelta | None = None
+    is_final: Callable[[S], bool] = lambda _state: False
+
+    def __post_init__(self) -> None:
+        if not self.name.replace("_", "").replace("-", "").isalnum():
+            raise ValueError(f"aggregate type name {self.name!r} must be alphanumeric (with - or _)")
+        unknown = self.creates - set(self.commands.values())
+        if unknown:
+            raise ValueError(f"creating commands not among the commands: {unknown}")
+        object.__setattr__(self, "_events_by_name", {e.type_name(): e for e in self.events})
+        object.__setattr__(self, "_command_names", {c: n for n, c in self.commands.items()})
+
+    # -- commands --------------------------------------------------------------
+
+    def command_name(self, command: Command) -> str:
+        return self._command_names[type(command)]  # type: ignore[attr-defined]
+
+    def parse_command(self, name: str, payload: Any) -> Command:
+        """Validate a payload; raises KeyError for an unknown command, pydantic's
+        ValidationError for a bad payload."""
+        return self.commands[name].model_validate(payload)
+
+    def handle(self, state: S | None, command: Command) -> Decision:
+        """The lifecycle rules, then the domain's own decision."""
+        creating = type(command) in self.creates
+        if state is None and not creating:
+            return Rejection(NOT_FOUND, f"{self.name} does not exist")
+        if state is not None and creating:
+            return Rejection(ALREADY_EXISTS, f"{self.name} already exists")
+        decision = self.decide(state, command)
+        if isinstance(decision, Rejection):
+            return decision
+        events = list(decision)
+        for event in events:
+            if type(event) not in self._events_by_name.values():  # type: ignore[attr-defined]
+                raise TypeError(f"{self.name}.decide returned an unregistered event {type(event).__name__}")
+        return events
+
+    def fold(self, events: Iterable[Event], state: S | None = None) -> S | None:
+        for event in events:
+            state = self.evolve(state, event)
+        return state
+
+    # -- events ----------------------------------------------------------------
+
+    def event_type(self, type_name: str) -> type[Event]:
+        try:
+            return self._events_by_name[type_name]  # type: ignore[attr-defined,no-any-return]
+        except KeyError:
+            raise UnknownEventType(f"{self.name} has no event type {type_name!r}") from None
+
+    def upcast(self, type_name: str, schema_version: int, data: dict[str, Any]) -> dict[str, Any]:
+        """Bring a stored payload from `schema_version` up to the event class's current one."""
+        current = self.event_type(type_name).schema_version
+        while schema_version < current:
+            step = self.upcasters.get((type_name, schema_version))
+            if step is None:
+                raise ValueError(f"no upcaster for {self.name}.{type_name} v{schema_version}")
+            data = step(data)
+            schema_version += 1
+        return data
+
+    def decode_event(self, type_name: str, schema_version: int, data: dict[str, Any]) -> Event:
+        return self.event_type(type_name).model_validate(self.upcast(type_name, schema_version, data))
+
+    # -- state -----------------------------------------------------------------
+
+    def expires_at(self, state: S, last_event_at: datetime) -> datetime | None:
+        if self.retention is None or not self.is_final(state):
+            return None
+        return last_event_at + self.retention

@@ -1,0 +1,141 @@
+"""The embedded broker is a real Kafka: transactions, topic configs, restarts."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+from app.broker import BrokerError, EmbeddedBroker
+from app.kafka.topics import TopicNames, ensure_topics, topic_specs
+from app.settings import BrokerSettings, Settings
+from tests.conftest import free_port_pair
+
+pytestmark = pytest.mark.kafka
+
+
+async def test_read_committed_never_sees_an_aborted_record(settings: Settings) -> None:
+    await ensure_topics(settings, topic_specs(settings, ["accounts"]))
+    topic = TopicNames(settings.app).commands
+    producer = AIOKafkaProducer(
+        bootstrap_servers=settings.bootstrap_servers, transactional_id=f"tx-{uuid.uuid4()}"
+    )
+    await producer.start()
+    try:
+        async with producer.transaction():
+            await producer.send_and_wait(topic, b"committed-1", key=b"k", partition=0)
+        await producer.begin_transaction()
+        await producer.send_and_wait(topic, b"aborted", key=b"k", partition=0)
+        await producer.abort_transaction()
+        async with producer.transaction():
+            await producer.send_and_wait(topic, b"committed-2", key=b"k", partition=0)
+    finally:
+        await producer.stop()
+
+    seen_committed = await _read_all(settings, topic, "read_committed")
+    seen_uncommitted = await _read_all(settings, topic, "read_uncommitted")
+    assert seen_committed == [b"committed-1", b"committed-2"]
+    assert b"aborted" in seen_uncommitted  # the record is in the log; only the isolation hides it
+
+
+async def _read_all(settings: Settings, topic: str, isolation: str) -> list[bytes]:
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=settings.bootstrap_servers, isolation_level=isolation, enable_auto_commit=False
+    )
+    await consumer.start()
+    try:
+        tp = TopicPartition(topic, 0)
+        consumer.assign([tp])
+        await consumer.seek_to_beginning(tp)
+        end = (await consumer.end_offsets([tp]))[tp]
+        values: list[bytes] = []
+        while await consumer.position(tp) < end:
+            batch = await consumer.getmany(tp, timeout_ms=1000)
+            values.extend(r.value for r in batch.get(tp, []))
+        return values
+    finally:
+        await consumer.stop()
+
+
+async def test_topics_are_created_as_specified_and_init_is_idempotent(settings: Settings) -> None:
+    specs = topic_specs(settings, ["accounts", "orders"])
+    first = await ensure_topics(settings, specs)
+    assert sorted(first.created) == sorted(s.name for s in specs) and not first.problems
+    second = await ensure_topics(settings, specs)
+    assert second.created == [] and second.problems == [] and sorted(second.ok) == sorted(first.created)
+
+    names = TopicNames(settings.app)
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers)
+    await admin.start()
+    try:
+        responses = await admin.describe_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, n) for n in (names.changelog, names.events("orders"))]
+        )
+        configs = {r[3]: {e[0]: e[1] for e in r[4]} for resp in responses for r in resp.resources}
+        described = {d["topic"]: d for d in await admin.describe_topics([names.changelog])}
+    finally:
+        await admin.close()
+    assert configs[names.changelog]["cleanup.policy"] == "compact"
+    assert configs[names.events("orders")]["retention.ms"] == "-1"
+    assert configs[names.changelog]["min.insync.replicas"] == "1"
+    assert len(described[names.changelog]["partitions"]) == settings.topics.partitions
+
+
+async def test_a_wrong_partition_count_or_policy_is_reported(settings: Settings) -> None:
+    await ensure_topics(settings, topic_specs(settings, ["accounts"]))
+    more = settings.model_copy(update={"topics": settings.topics.model_copy(update={"partitions": 5})})
+    report = await ensure_topics(more, topic_specs(more, ["accounts"]))
+    assert report.created == []
+    assert any("changelog has 3 partitions, expected 5" in p for p in report.problems)
+
+    specs = topic_specs(settings, ["accounts"])
+    changelog = TopicNames(settings.app).changelog
+    wrong = [s if s.name != changelog else s.__class__(s.name, s.partitions, s.replication_factor,
+             {**s.configs, "cleanup.policy": "delete"}) for s in specs]
+    report = await ensure_topics(settings, wrong)
+    assert report.problems == [f"{changelog} has cleanup.policy=compact, expected delete"]
+
+
+def test_broker_restart_keeps_data_and_status_follows(tmp_path: Path) -> None:
+    embedded = EmbeddedBroker(BrokerSettings(port=free_port_pair(), data_dir=tmp_path / "b"))
+    assert not embedded.status().running
+    embedded.start()
+    try:
+        assert embedded.status().answering
+        settings = Settings(app="restart", kafka={"bootstrap_servers": embedded.bootstrap}, _env_file=None)
+        topic = TopicNames("restart").commands
+        asyncio.run(ensure_topics(settings, topic_specs(settings, [])))
+
+        async def produce() -> None:
+            producer = AIOKafkaProducer(bootstrap_servers=embedded.bootstrap, acks="all")
+            await producer.start()
+            await producer.send_and_wait(topic, b"kept", partition=0)
+            await producer.stop()
+
+        asyncio.run(produce())
+        assert embedded.stop()
+        assert not embedded.status().running
+        embedded.start()
+        assert asyncio.run(_read_all(settings, topic, "read_committed")) == [b"kept"]
+    finally:
+        embedded.stop()
+    assert not embedded.stop()  # stopping a stopped broker says so
+
+
+def test_a_busy_port_is_a_clear_error(broker: EmbeddedBroker, tmp_path: Path) -> None:
+    clash = EmbeddedBroker(BrokerSettings(port=broker.settings.port, data_dir=tmp_path / "clash"))
+    with pytest.raises(BrokerError, match=f"port {broker.settings.port} .* is busy"):
+        clash.start()
+
+
+def test_missing_java_is_a_clear_error(tmp_path: Path) -> None:
+    embedded = EmbeddedBroker(
+        BrokerSettings(port=free_port_pair(), data_dir=tmp_path / "b", java="no-such-java")
+    )
+    with pytest.raises(BrokerError, match="Java not found"):
+        embedded.start()
