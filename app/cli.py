@@ -101,6 +101,53 @@ def init_topics(settings: Settings) -> None:
         raise fail("topics do not match the settings; fix them (or the settings) and run again")
 
 
+@cli.command("processor")
+def processor() -> None:
+    """Run the processor (production entry point): one task per assigned commands partition."""
+    from app.runtime import run_processor
+
+    run_processor(load_settings())
+
+
+@cli.command("api")
+def api(
+    host: Annotated[Optional[str], typer.Option(help="Listen address (ESK_API__HOST).")] = None,
+    port: Annotated[Optional[int], typer.Option(help="Listen port (ESK_API__PORT).")] = None,
+) -> None:
+    """Run the HTTP API (production entry point)."""
+    from app.runtime import run_api
+
+    run_api(load_settings(api__host=host, api__port=port))
+
+
+@cli.command("dev")
+def dev() -> None:
+    """Everything on one machine: embedded broker (unless ESK_KAFKA__BOOTSTRAP_SERVERS is set),
+    topics, processor and API. Ctrl-C stops all of it."""
+    from app.runtime import run_dev
+
+    settings = load_settings()
+    broker = EmbeddedBroker(settings.broker) if settings.uses_embedded_broker else None
+    started_broker = False
+    if broker is not None:
+        try:
+            started_broker = not broker.status().running
+            console.print(f"broker {broker.start().describe()}")
+        except BrokerError as error:
+            raise fail(str(error)) from None
+    try:
+        init_topics(settings)
+        console.print(
+            f"API on http://{settings.api.host}:{settings.api.port} (docs: /docs); Ctrl-C stops everything",
+            highlight=False,
+        )
+        run_dev(settings)
+    finally:
+        if broker is not None and started_broker:
+            broker.stop()
+            console.print("broker stopped")
+
+
 def main() -> None:
     cli()
 

@@ -70,6 +70,9 @@ class ProcessorSettings(BaseModel):
     transaction_timeout_ms: int = 60_000
     session_timeout_ms: int = 10_000
     max_poll_interval_ms: int = 300_000
+    # Prometheus metrics of `esk processor` (None: no metrics server).
+    metrics_port: int | None = 9464
+    metrics_host: str = "127.0.0.1"
 
 
 class ApiSettings(BaseModel):

@@ -1,0 +1,1 @@
+"""The HTTP API: commands in, outcomes and state out (FastAPI on uvicorn)."""

@@ -1,0 +1,145 @@
+"""Every API instance keeps a local replica of all state stores, fed by the changelog.
+
+It answers GET requests, waits for command outcomes (the `c/<command_id>` records) and
+gives read-your-writes from ANY instance: the changelog records of a command commit in
+the same transaction as its events, so once one instance saw an outcome, every instance
+will see the version it reports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from pathlib import Path
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from app.kafka.client_options import client_options
+from app.kafka.topics import TopicNames
+from app.metrics import STORE_MEMORY
+from app.protocol import Outcome, StoredAggregate, aggregate_key, command_key
+from app.settings import Settings
+from app.state.resources import StoreResources
+from app.state.restore import changelog_updates, restore
+from app.state.store import RocksDBStore
+
+log = logging.getLogger(__name__)
+
+
+class StateReplica:
+    def __init__(self, settings: Settings, memory_budget_mb: int = 128) -> None:
+        self.settings = settings
+        self.topic = TopicNames(settings.app).changelog
+        self.path = Path(settings.api.state_dir) / f"{settings.app}.replica"
+        self.resources = StoreResources(memory_budget_mb)
+        self.store: RocksDBStore | None = None
+        self.ready = asyncio.Event()
+        self._consumer: AIOKafkaConsumer | None = None
+        self._follow: asyncio.Task[None] | None = None
+        self._waiters: dict[bytes, list[asyncio.Future[None]]] = defaultdict(list)
+
+    async def start(self) -> None:
+        try:
+            self.store = RocksDBStore(self.path, self.resources)
+        except Exception as error:
+            raise RuntimeError(
+                f"cannot open the API replica at {self.path} ({error}); each API instance on a "
+                "host needs its own ESK_API__STATE_DIR"
+            ) from None
+        self._consumer = AIOKafkaConsumer(
+            **client_options(self.settings),
+            group_id=None,
+            enable_auto_commit=False,
+            isolation_level="read_committed",
+            client_id=f"{self.settings.app}.api-replica",
+        )
+        await self._consumer.start()
+        self._follow = asyncio.create_task(self._run(), name="replica")
+
+    async def stop(self) -> None:
+        if self._follow is not None:
+            self._follow.cancel()
+            await asyncio.gather(self._follow, return_exceptions=True)
+        if self._consumer is not None:
+            await self._consumer.stop()
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+
+    async def _run(self) -> None:
+        assert self._consumer is not None and self.store is not None
+        consumer, store = self._consumer, self.store
+        partitions = await _partitions(consumer, self.topic)
+        await restore(consumer, store, self.topic, partitions)
+        self.ready.set()
+        log.info("replica of %s caught up", self.topic)
+        tps = [TopicPartition(self.topic, p) for p in partitions]
+        while True:
+            batches = await consumer.getmany(timeout_ms=1000, max_records=5000)
+            if not batches:
+                continue
+            updates = changelog_updates(batches)
+            store.write(updates, {tp.partition: await consumer.position(tp) for tp in tps})
+            for key in updates:
+                for waiter in self._waiters.pop(key, ()):
+                    if not waiter.done():
+                        waiter.set_result(None)
+            STORE_MEMORY.labels("api").set(self.resources.usage_bytes())
+
+    # -- reads -------------------------------------------------------------------
+
+    def aggregate(self, aggregate_type: str, aggregate_id: str) -> StoredAggregate | None:
+        raw = self.store.get(aggregate_key(aggregate_type, aggregate_id)) if self.store else None
+        return StoredAggregate.decode(raw) if raw is not None else None
+
+    def outcome(self, command_id: str) -> Outcome | None:
+        raw = self.store.get(command_key(command_id)) if self.store else None
+        return Outcome.decode(raw) if raw is not None else None
+
+    async def wait_outcome(self, command_id: str, timeout_s: float) -> Outcome | None:
+        return await self._wait(command_key(command_id), lambda: self.outcome(command_id), timeout_s)
+
+    async def wait_version(
+        self, aggregate_type: str, aggregate_id: str, min_version: int, timeout_s: float
+    ) -> StoredAggregate | None:
+        def current() -> StoredAggregate | None:
+            found = self.aggregate(aggregate_type, aggregate_id)
+            return found if found is not None and found.version >= min_version else None
+
+        await self._wait(aggregate_key(aggregate_type, aggregate_id), current, timeout_s)
+        return self.aggregate(aggregate_type, aggregate_id)
+
+    async def _wait(self, key: bytes, lookup, timeout_s: float):  # type: ignore[no-untyped-def]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            # Register before looking, so a record applied in between still wakes us.
+            waiter: asyncio.Future[None] = loop.create_future()
+            self._waiters[key].append(waiter)
+            found = lookup()
+            if found is not None:
+                return found
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return None
+            try:
+                await asyncio.wait_for(waiter, remaining)
+            except asyncio.TimeoutError:
+                return lookup()
+            finally:
+                waiters = self._waiters.get(key)
+                if waiters and waiter in waiters:
+                    waiters.remove(waiter)
+                    if not waiters:
+                        del self._waiters[key]
+
+
+async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> list[int]:
+    for _ in range(100):
+        partitions = consumer.partitions_for_topic(topic)
+        if partitions:
+            return sorted(partitions)
+        await consumer._client.force_metadata_update()  # noqa: SLF001 - no public refresh in aiokafka
+        await asyncio.sleep(0.1)
+    raise RuntimeError(f"topic {topic} not found: run `esk topics init`")

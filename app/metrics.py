@@ -1,0 +1,20 @@
+"""Prometheus metrics of every esk process (served on /metrics)."""
+
+from prometheus_client import Counter, Gauge, Histogram
+
+COMMANDS = Counter("esk_commands_total", "Commands handled by the processor, by outcome", ["type", "outcome"])
+DLQ_RECORDS = Counter("esk_dlq_records_total", "Records sent to the DLQ", ["topic"])
+COMMIT_SECONDS = Histogram(
+    "esk_commit_seconds",
+    "Time to commit one batch (transaction + RocksDB write)",
+    buckets=(0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5),
+)
+TRANSACTION_RECORDS = Histogram(
+    "esk_transaction_records", "Records produced per transaction", buckets=(1, 4, 16, 64, 256, 1024, 4096, 16384)
+)
+RESTORE_RECORDS = Counter("esk_restore_records_total", "Changelog records restored", ["role"])
+RESTORE_REMAINING = Gauge("esk_restore_remaining_records", "Changelog records left to restore", ["role", "partition"])
+RESTORE_RATE = Gauge("esk_restore_records_per_second", "Rate of the latest restore", ["role", "partition"])
+ACTIVE_TASKS = Gauge("esk_active_tasks", "Partitions this processor owns")
+STORE_MEMORY = Gauge("esk_rocksdb_cache_bytes", "RocksDB shared cache usage (blocks + memtables)", ["role"])
+HTTP_OUTCOME_TIMEOUTS = Counter("esk_http_outcome_timeouts_total", "Commands answered 503: no outcome in time")

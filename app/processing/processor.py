@@ -1,0 +1,282 @@
+"""The processor: one consumer group on `<app>.commands`, one StreamTask per partition.
+
+All tasks of a process share one asyncio loop, one consumer and one RocksDB memory
+budget; each task has its own store and its own transactional producer whose id is
+stable per input partition (`<group>.<partition>`). aiokafka speaks the pre-KIP-447
+transaction protocol, so that id is what fences a zombie: the next owner's
+init_transactions aborts whatever the previous owner left open, and the previous owner's
+next transactional request fails with ProducerFenced.
+
+A newly assigned partition is paused until its task is ready (producer initialised,
+store restored from the changelog, position set to the committed offset). Commands for
+it wait in Kafka meanwhile; they are neither rejected nor lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import ProducerFenced
+
+from app.kafka.client_options import client_options
+from app.kafka.topics import TopicNames
+from app.metrics import ACTIVE_TASKS, RESTORE_RATE, RESTORE_RECORDS, RESTORE_REMAINING, STORE_MEMORY
+from app.processing.stream_task import StreamTask
+from app.registry import Registry
+from app.settings import Settings
+from app.state.resources import StoreResources
+from app.state.restore import RestoreProgress, StaleStoreError, restore
+from app.state.store import RocksDBStore
+
+log = logging.getLogger(__name__)
+
+
+class Processor:
+    def __init__(
+        self,
+        settings: Settings,
+        registry: Registry,
+        on_restore_progress: Callable[[RestoreProgress], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.topics = TopicNames(settings.app)
+        self.group_id = settings.processor.group_id or f"{settings.app}.processor"
+        self.state_dir = Path(settings.processor.state_dir)
+        self.resources = StoreResources(settings.processor.memory_budget_mb)
+        self.tasks: dict[int, StreamTask] = {}
+        self._starting: dict[int, asyncio.Task[None]] = {}
+        self._assigned: set[int] = set()
+        # Held while records are handled and committed, and by the rebalance callbacks:
+        # a partition is never revoked in the middle of its commit.
+        self._lock = asyncio.Lock()
+        self._consumer: AIOKafkaConsumer | None = None
+        self._on_restore_progress = on_restore_progress
+        self.restores: dict[int, RestoreProgress] = {}
+
+    @property
+    def ready(self) -> bool:
+        return self._consumer is not None and bool(self._assigned) and self._assigned <= set(self.tasks)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        p = self.settings.processor
+        consumer = AIOKafkaConsumer(
+            **client_options(self.settings),
+            group_id=self.group_id,
+            client_id=f"{self.group_id}-consumer",
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            isolation_level="read_committed",
+            session_timeout_ms=p.session_timeout_ms,
+            heartbeat_interval_ms=max(p.session_timeout_ms // 4, 500),
+            max_poll_interval_ms=p.max_poll_interval_ms,
+            max_partition_fetch_bytes=4 * 1024 * 1024,
+        )
+        consumer.subscribe([self.topics.commands], listener=_RebalanceListener(self))
+        self._consumer = consumer  # the rebalance listener may run inside start()
+        await consumer.start()
+        try:
+            while not stop.is_set():
+                await self._poll_once(consumer)
+            async with self._lock:
+                await self._commit_due(list(self.tasks.values()))
+        finally:
+            for starting in list(self._starting.values()):
+                starting.cancel()
+            await consumer.stop()
+            async with self._lock:
+                for partition in list(self.tasks):
+                    await self._close_task(partition, commit=False)
+            self._consumer = None
+
+    async def _poll_once(self, consumer: AIOKafkaConsumer) -> None:
+        batch_max = self.settings.processor.batch_max_records
+        busy = any(t.has_pending for t in self.tasks.values())
+        batches = await consumer.getmany(timeout_ms=0 if busy else 200, max_records=batch_max)
+        async with self._lock:
+            for tp, records in batches.items():
+                task = self.tasks.get(tp.partition)
+                if task is not None:
+                    for record in records:
+                        task.process(record)
+            interval_s = self.settings.processor.commit_interval_ms / 1000
+            due = [
+                t
+                for t in self.tasks.values()
+                if t.has_pending
+                and (t.input not in batches or t.pending_commands >= batch_max or t.batch_age() >= interval_s)
+            ]
+            await self._commit_due(due)
+        STORE_MEMORY.labels("processor").set(self.resources.usage_bytes())
+
+    async def _commit_due(self, due: list[StreamTask]) -> None:
+        results = await asyncio.gather(*(t.commit() for t in due), return_exceptions=True)
+        for task, result in zip(due, results):
+            if isinstance(result, BaseException):
+                await self._fail_task(task, result)
+
+    async def _fail_task(self, task: StreamTask, error: BaseException) -> None:
+        """A failed commit leaves nothing behind (the transaction aborts or is fenced, RocksDB
+        was not written); drop the task and, if the partition is still ours, start afresh
+        from the committed offset."""
+        assert self._consumer is not None
+        self._consumer.pause(task.input)
+        await self._close_task(task.partition, commit=False)
+        if isinstance(error, ProducerFenced):
+            log.warning("partition %d: fenced by a newer owner; giving it up", task.partition)
+            self._assigned.discard(task.partition)
+            return
+        log.error("partition %d: commit failed (%r); restarting its task", task.partition, error)
+        if task.partition in self._assigned:
+            self._start(task.partition)
+
+    # -- assignment ----------------------------------------------------------------
+
+    async def _on_assigned(self, assigned: set[TopicPartition]) -> None:
+        assert self._consumer is not None
+        for tp in assigned:
+            self._assigned.add(tp.partition)
+            if tp.partition not in self.tasks and tp.partition not in self._starting:
+                self._consumer.pause(tp)
+                self._start(tp.partition)
+
+    async def _on_revoked(self, revoked: set[TopicPartition]) -> None:
+        async with self._lock:
+            for tp in revoked:
+                self._assigned.discard(tp.partition)
+                starting = self._starting.pop(tp.partition, None)
+                if starting is not None:
+                    starting.cancel()
+                if tp.partition in self.tasks:
+                    await self._close_task(tp.partition, commit=True)
+
+    def _start(self, partition: int) -> None:
+        self._starting[partition] = asyncio.create_task(self._start_task(partition), name=f"start-{partition}")
+
+    async def _start_task(self, partition: int) -> None:
+        tp = TopicPartition(self.topics.commands, partition)
+        attempt = 0
+        while True:
+            try:
+                task = await self._build_task(partition)
+                break
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                attempt += 1
+                log.exception("partition %d: could not start its task (attempt %d)", partition, attempt)
+                await asyncio.sleep(min(0.5 * attempt, 5.0))
+        async with self._lock:
+            self._starting.pop(partition, None)
+            if partition not in self._assigned or self._consumer is None:
+                await task.close()
+                return
+            self.tasks[partition] = task
+            self._consumer.seek(tp, task.next_offset)
+            self._consumer.resume(tp)
+            ACTIVE_TASKS.set(len(self.tasks))
+        log.info("partition %d: ready at offset %d", partition, task.next_offset)
+
+    async def _build_task(self, partition: int) -> StreamTask:
+        assert self._consumer is not None
+        options = client_options(self.settings)
+        producer = AIOKafkaProducer(
+            **options,
+            client_id=f"{self.group_id}-{partition}",
+            transactional_id=f"{self.group_id}.{partition}",
+            enable_idempotence=True,
+            acks="all",
+            linger_ms=2,
+            transaction_timeout_ms=self.settings.processor.transaction_timeout_ms,
+        )
+        # init_transactions (inside start) fences the previous owner and aborts its open
+        # transaction, so the changelog we restore next can no longer change under us.
+        await producer.start()
+        store = None
+        try:
+            store = await self._open_restored_store(partition)
+            tp = TopicPartition(self.topics.commands, partition)
+            committed = await self._consumer.committed(tp)
+            if committed is None:
+                committed = (await self._consumer.beginning_offsets([tp]))[tp]
+            return StreamTask(partition, self.topics, self.registry, store, producer, self.group_id, committed)
+        except BaseException:
+            if store is not None:
+                store.close()
+            await producer.stop()
+            raise
+
+    async def _open_restored_store(self, partition: int) -> RocksDBStore:
+        path = self.state_dir / f"{self.topics.commands}-{partition}"
+        store = await _open_store(path, self.resources)
+        reader = AIOKafkaConsumer(
+            **client_options(self.settings),
+            group_id=None,
+            enable_auto_commit=False,
+            isolation_level="read_committed",
+            client_id=f"{self.group_id}-restore-{partition}",
+        )
+        await reader.start()
+        try:
+            try:
+                progress = await restore(reader, store, self.topics.changelog, [partition], self._progress)
+            except StaleStoreError as error:
+                log.warning("partition %d: %s; rebuilding the store", partition, error)
+                store.close()
+                RocksDBStore.destroy(path)
+                store = await _open_store(path, self.resources)
+                progress = await restore(reader, store, self.topics.changelog, [partition], self._progress)
+            self.restores[partition] = progress[partition]
+            return store
+        except BaseException:
+            store.close()
+            raise
+        finally:
+            await reader.stop()
+
+    def _progress(self, progress: RestoreProgress) -> None:
+        self.restores[progress.partition] = progress
+        labels = ("processor", str(progress.partition))
+        RESTORE_REMAINING.labels(*labels).set(max(progress.total - progress.restored, 0))
+        RESTORE_RATE.labels(*labels).set(progress.rate)
+        if self._on_restore_progress is not None:
+            self._on_restore_progress(progress)
+
+    async def _close_task(self, partition: int, commit: bool) -> None:
+        task = self.tasks.pop(partition, None)
+        ACTIVE_TASKS.set(len(self.tasks))
+        if task is None:
+            return
+        if commit and task.has_pending:
+            try:
+                await task.commit()
+            except Exception as error:  # fenced or failed: the next owner redoes the batch
+                log.warning("partition %d: final commit failed (%r); the next owner redoes it", partition, error)
+        await task.close()
+
+
+async def _open_store(path: Path, resources: StoreResources) -> RocksDBStore:
+    """A store that moved away from this process a moment ago may still be closing."""
+    for attempt in range(50):
+        try:
+            return RocksDBStore(path, resources)
+        except Exception as error:  # noqa: BLE001
+            if "lock" not in str(error).lower() or attempt == 49:
+                raise
+            await asyncio.sleep(0.1)
+    raise AssertionError("unreachable")
+
+
+class _RebalanceListener(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, processor: Processor) -> None:
+        self.processor = processor
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        await self.processor._on_revoked(revoked)
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        await self.processor._on_assigned(assigned)

@@ -1,0 +1,210 @@
+"""StreamTask: the single-threaded owner of one commands partition.
+
+Commands are handled against an in-memory overlay on top of the RocksDB store; their
+outputs are buffered. At commit, ONE Kafka transaction carries the events, the outcomes,
+the changelog records and the consumer offset. Only after that transaction has committed
+is RocksDB written, in one batch together with the changelog offset it now reflects.
+
+Crash ordering, which is the whole point:
+- crash before the commit: the transaction is aborted (or fenced by the next owner);
+  RocksDB never saw the overlay; the commands are read again from the committed offset.
+- crash after the commit, before the RocksDB write: the store is behind the changelog,
+  and the next owner restores from the offset the store records. Never ahead, never torn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka.structs import ConsumerRecord
+
+from app.kafka.topics import TopicNames
+from app.metrics import COMMANDS, COMMIT_SECONDS, DLQ_RECORDS, TRANSACTION_RECORDS
+from app.processing.command_handler import handle_command
+from app.protocol import (
+    CommandEnvelope,
+    DecodeError,
+    Outcome,
+    Status,
+    StoredAggregate,
+    aggregate_key,
+    command_key,
+    now_ms,
+)
+from app.registry import Registry
+from app.state.store import StateStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _Output:
+    topic: str
+    key: bytes | None
+    value: bytes | None
+    partition: int | None = None
+    headers: tuple[tuple[str, bytes], ...] = ()
+
+
+class StreamTask:
+    def __init__(
+        self,
+        partition: int,
+        topics: TopicNames,
+        registry: Registry,
+        store: StateStore,
+        producer: AIOKafkaProducer,
+        group_id: str,
+        next_offset: int,
+    ) -> None:
+        self.partition = partition
+        self.topics = topics
+        self.registry = registry
+        self.store = store
+        self.producer = producer
+        self.group_id = group_id
+        self.input = TopicPartition(topics.commands, partition)
+        self.next_offset = next_offset  # the next commands offset this task has to handle
+        self.committed_offset = next_offset
+        self._writes: dict[bytes, bytes | None] = {}
+        self._outputs: list[_Output] = []
+        self._batch_started: float | None = None
+        self._batch_commands = 0
+
+    # -- handling ----------------------------------------------------------------
+
+    @property
+    def has_pending(self) -> bool:
+        return self.next_offset > self.committed_offset
+
+    @property
+    def pending_commands(self) -> int:
+        return self.next_offset - self.committed_offset
+
+    def batch_age(self) -> float:
+        return 0.0 if self._batch_started is None else time.monotonic() - self._batch_started
+
+    def process(self, record: ConsumerRecord[bytes, bytes]) -> None:
+        if record.offset < self.next_offset:
+            return  # fetched before a rewind; handled already
+        if self._batch_started is None:
+            self._batch_started = time.monotonic()
+        self.next_offset = record.offset + 1
+        try:
+            envelope = CommandEnvelope.decode(record.value)
+        except DecodeError as error:
+            self._dead_letter(record, str(error))
+            return
+        if record.key != envelope.key:
+            # Ordering (G1) rests on every command of an aggregate sharing a partition.
+            self._dead_letter(record, f"record key {record.key!r} does not match aggregate {envelope.key!r}")
+            return
+        previous = self._get(command_key(envelope.command_id))
+        if previous is not None:
+            # A retry: answer with the original outcome, change nothing (G3).
+            self._emit(self.topics.results, envelope.command_id.encode(), previous)
+            COMMANDS.labels(envelope.aggregate_type, "duplicate").inc()
+            return
+        aggregate_type = self.registry.get(envelope.aggregate_type)
+        if aggregate_type is None:
+            outcome = Outcome(
+                command_id=envelope.command_id,
+                aggregate_type=envelope.aggregate_type,
+                aggregate_id=envelope.aggregate_id,
+                command=envelope.command,
+                status=Status.REJECTED,
+                version=0,
+                code="unknown_aggregate_type",
+                detail=f"no aggregate type {envelope.aggregate_type!r}",
+            )
+            self._record_outcome(outcome)
+            return
+        key = aggregate_key(envelope.aggregate_type, envelope.aggregate_id)
+        raw = self._get(key)
+        stored = StoredAggregate.decode(raw) if raw is not None else None
+        handled = handle_command(aggregate_type, envelope, stored, now_ms())
+        events_topic = self.topics.events(envelope.aggregate_type)
+        for event in handled.events:
+            self._emit(events_topic, envelope.aggregate_id.encode(), event.encode(), headers=event.headers())
+        if handled.aggregate is not None:
+            self._change(key, handled.aggregate.encode())
+        self._record_outcome(handled.outcome)
+
+    def _record_outcome(self, outcome: Outcome) -> None:
+        value = outcome.encode()
+        self._emit(self.topics.results, outcome.command_id.encode(), value)
+        self._change(command_key(outcome.command_id), value)
+        COMMANDS.labels(outcome.aggregate_type, outcome.code or outcome.status.value).inc()
+
+    def _get(self, key: bytes) -> bytes | None:
+        if key in self._writes:
+            return self._writes[key]
+        return self.store.get(key)
+
+    def _change(self, key: bytes, value: bytes | None) -> None:
+        self._writes[key] = value
+        self._emit(self.topics.changelog, key, value, partition=self.partition)
+
+    def _emit(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        partition: int | None = None,
+        headers: list[tuple[str, bytes]] | None = None,
+    ) -> None:
+        self._outputs.append(_Output(topic, key, value, partition, tuple(headers or ())))
+
+    def _dead_letter(self, record: ConsumerRecord[bytes, bytes], reason: str) -> None:
+        log.warning("%s[%d]@%d to the DLQ: %s", record.topic, record.partition, record.offset, reason)
+        DLQ_RECORDS.labels(record.topic).inc()
+        headers = [
+            ("esk-dlq-reason", reason.encode()[:1000]),
+            ("esk-dlq-topic", record.topic.encode()),
+            ("esk-dlq-partition", str(record.partition).encode()),
+            ("esk-dlq-offset", str(record.offset).encode()),
+        ]
+        self._emit(self.topics.dlq, record.key, record.value, partition=self.partition, headers=headers)
+
+    # -- committing ----------------------------------------------------------------
+
+    async def commit(self) -> None:
+        """Commit the open batch in one transaction, then write RocksDB. Raises on any
+        failure; the caller then discards this task and builds a fresh one."""
+        if not self.has_pending:
+            return
+        started = time.monotonic()
+        await self.producer.begin_transaction()
+        futures: list[asyncio.Future[Any]] = []
+        changelog_futures: list[asyncio.Future[Any]] = []
+        for out in self._outputs:
+            future = await self.producer.send(
+                out.topic, out.value, key=out.key, partition=out.partition, headers=list(out.headers)
+            )
+            futures.append(future)
+            if out.topic == self.topics.changelog:
+                changelog_futures.append(future)
+        await asyncio.gather(*futures)
+        await self.producer.send_offsets_to_transaction({self.input: self.next_offset}, self.group_id)
+        await self.producer.commit_transaction()
+        offsets = {}
+        if changelog_futures:
+            offsets[self.partition] = changelog_futures[-1].result().offset + 1
+        self.store.write(self._writes, offsets)
+        TRANSACTION_RECORDS.observe(len(self._outputs))
+        COMMIT_SECONDS.observe(time.monotonic() - started)
+        self.committed_offset = self.next_offset
+        self._writes = {}
+        self._outputs = []
+        self._batch_started = None
+
+    async def close(self) -> None:
+        try:
+            await self.producer.stop()
+        finally:
+            self.store.close()

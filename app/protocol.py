@@ -1,0 +1,170 @@
+"""What esk writes on its topics and into its stores, and how it is encoded (JSON via orjson).
+
+- commands topic: key `<type>/<id>`, value `CommandEnvelope`
+- `<app>.<type>.events`: key `<id>`, value an event record, headers esk-*
+- results topic: key `<command_id>`, value `Outcome`
+- changelog (and every store): `a/<type>/<id>` -> `StoredAggregate`, `c/<command_id>` -> `Outcome`
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import orjson
+
+
+class DecodeError(ValueError):
+    """A record that is not what its topic promises; it goes to the DLQ."""
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def aggregate_key(aggregate_type: str, aggregate_id: str) -> bytes:
+    return f"a/{aggregate_type}/{aggregate_id}".encode()
+
+
+def command_key(command_id: str) -> bytes:
+    return f"c/{command_id}".encode()
+
+
+AGGREGATE_PREFIX = b"a/"
+COMMAND_PREFIX = b"c/"
+
+
+@dataclass(frozen=True)
+class CommandEnvelope:
+    command_id: str
+    aggregate_type: str
+    aggregate_id: str
+    command: str
+    payload: dict[str, Any]
+    expected_version: int | None = None
+    expect_new: bool = False
+    correlation_id: str | None = None
+    causation_id: str | None = None
+    submitted_at: int = field(default_factory=now_ms)
+
+    @property
+    def key(self) -> bytes:
+        return f"{self.aggregate_type}/{self.aggregate_id}".encode()
+
+    def encode(self) -> bytes:
+        return orjson.dumps(asdict(self))
+
+    @classmethod
+    def decode(cls, value: bytes | None) -> CommandEnvelope:
+        if value is None:
+            raise DecodeError("empty record")
+        try:
+            data = orjson.loads(value)
+        except orjson.JSONDecodeError as error:
+            raise DecodeError(f"not JSON: {error}") from None
+        if not isinstance(data, dict):
+            raise DecodeError("not a JSON object")
+        try:
+            envelope = cls(**data)
+        except TypeError as error:
+            raise DecodeError(f"not a command envelope: {error}") from None
+        for name in ("command_id", "aggregate_type", "aggregate_id", "command"):
+            if not isinstance(getattr(envelope, name), str) or not getattr(envelope, name):
+                raise DecodeError(f"{name} must be a non-empty string")
+        if not isinstance(envelope.payload, dict):
+            raise DecodeError("payload must be a JSON object")
+        if envelope.expected_version is not None and (
+            not isinstance(envelope.expected_version, int) or isinstance(envelope.expected_version, bool)
+        ):
+            raise DecodeError("expected_version must be an integer")
+        return envelope
+
+
+class Status(StrEnum):
+    ACCEPTED = "accepted"
+    REJECTED = "rejected"
+    PRECONDITION_FAILED = "precondition_failed"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    command_id: str
+    aggregate_type: str
+    aggregate_id: str
+    command: str
+    status: Status
+    version: int  # the aggregate's version after the command (current version if nothing happened)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    code: str | None = None
+    detail: str | None = None
+    processed_at: int = field(default_factory=now_ms)
+
+    def encode(self) -> bytes:
+        return orjson.dumps(asdict(self))
+
+    @classmethod
+    def decode(cls, value: bytes) -> Outcome:
+        data = orjson.loads(value)
+        data["status"] = Status(data["status"])
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class StoredAggregate:
+    version: int
+    state: dict[str, Any]
+    updated_at: int  # event time (ms) of the last event
+    expires_at: int | None = None  # set once the aggregate is final and its type has a retention
+
+    def encode(self) -> bytes:
+        return orjson.dumps(asdict(self))
+
+    @classmethod
+    def decode(cls, value: bytes) -> StoredAggregate:
+        return cls(**orjson.loads(value))
+
+
+@dataclass(frozen=True)
+class EventRecord:
+    """One event as it stands on `<app>.<type>.events`."""
+
+    event_id: str
+    aggregate_type: str
+    aggregate_id: str
+    version: int
+    type: str
+    schema_version: int
+    data: dict[str, Any]
+    command_id: str
+    correlation_id: str
+    causation_id: str
+    recorded_at: int
+
+    def encode(self) -> bytes:
+        return orjson.dumps(asdict(self))
+
+    @classmethod
+    def decode(cls, value: bytes) -> EventRecord:
+        return cls(**orjson.loads(value))
+
+    def headers(self) -> list[tuple[str, bytes]]:
+        return [
+            ("esk-event-type", self.type.encode()),
+            ("esk-schema-version", str(self.schema_version).encode()),
+            ("esk-command-id", self.command_id.encode()),
+            ("esk-correlation-id", self.correlation_id.encode()),
+            ("esk-causation-id", self.causation_id.encode()),
+        ]
+
+    def public(self) -> dict[str, Any]:
+        """The event as the HTTP API shows it."""
+        return {
+            "event_id": self.event_id,
+            "type": self.type,
+            "version": self.version,
+            "schema_version": self.schema_version,
+            "data": self.data,
+            "recorded_at": self.recorded_at,
+        }

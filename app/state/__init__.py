@@ -1,0 +1,1 @@
+"""State stores: RocksDB per partition, restored from the compacted changelog."""

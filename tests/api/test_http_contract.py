@@ -1,0 +1,219 @@
+"""Every status code and header of the HTTP contract, against the real broker and processor."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import httpx
+import pytest
+
+from app.kafka.topics import TopicNames
+from app.registry import load_registry
+from app.settings import Settings
+from tests.system import api, events_topic, processor, read_topic, system, wait_for
+
+pytestmark = pytest.mark.kafka
+PROBLEM = "application/problem+json"
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+async def open_account(client: httpx.AsyncClient, account: str, deposit: int = 0) -> None:
+    r = await client.post(f"/v1/accounts/{account}/open", json={"owner": "ada"}, headers={"If-None-Match": "*"})
+    assert r.status_code == 200, r.text
+    if deposit:
+        r = await client.post(f"/v1/accounts/{account}/deposit", json={"amount": deposit})
+        assert r.status_code == 200, r.text
+
+
+async def test_the_newcomer_walkthrough(settings: Settings) -> None:
+    async with system(settings) as s:
+        c, account = s.client, new_id()
+        r = await c.post(f"/v1/accounts/{account}/open", json={"owner": "ada"}, headers={"If-None-Match": "*"})
+        assert r.status_code == 200
+        assert r.headers["etag"] == '"1"'
+        body = r.json()
+        assert body["version"] == 1 and body["type"] == "accounts" and body["id"] == account
+        assert [(e["type"], e["version"], e["data"]) for e in body["events"]] == [("Opened", 1, {"owner": "ada"})]
+
+        r = await c.post(f"/v1/accounts/{account}/deposit", json={"amount": 100}, headers={"If-Match": '"1"'})
+        assert r.status_code == 200 and r.headers["etag"] == '"2"'
+
+        r = await c.post(f"/v1/accounts/{account}/withdraw", json={"amount": 500})
+        assert r.status_code == 422
+        assert r.headers["content-type"] == PROBLEM
+        assert r.json()["code"] == "insufficient_funds" and "100" in r.json()["detail"]
+
+        r = await c.post(f"/v1/accounts/{account}/withdraw", json={"amount": 5}, headers={"If-Match": '"1"'})
+        assert r.status_code == 412
+        assert r.headers["etag"] == '"2"'
+        assert r.json()["current_version"] == 2 and r.headers["content-type"] == PROBLEM
+
+        r = await c.get(f"/v1/accounts/{account}")
+        assert r.status_code == 200 and r.headers["etag"] == '"2"'
+        assert r.json()["state"] == {"owner": "ada", "balance": 100, "status": "open"}
+
+        events = [v for k, v, _ in await read_topic(settings, events_topic(settings, "accounts")) if k == account.encode()]
+        assert [(e["type"], e["version"]) for e in events] == [("Opened", 1), ("Deposited", 2)]
+
+
+async def test_creating_twice(settings: Settings) -> None:
+    async with system(settings) as s:
+        c, account = s.client, new_id()
+        await open_account(c, account)
+        r = await c.post(f"/v1/accounts/{account}/open", json={"owner": "x"}, headers={"If-None-Match": "*"})
+        assert r.status_code == 412 and r.json()["current_version"] == 1 and r.headers["etag"] == '"1"'
+        r = await c.post(f"/v1/accounts/{account}/open", json={"owner": "x"})
+        assert r.status_code == 409 and r.json()["code"] == "already_exists"
+
+
+async def test_not_found_and_unknown_names(settings: Settings) -> None:
+    async with system(settings) as s:
+        c = s.client
+        r = await c.post(f"/v1/accounts/{new_id()}/deposit", json={"amount": 1})
+        assert r.status_code == 404 and r.json()["code"] == "not_found"
+        r = await c.post("/v1/planets/p1/open", json={})
+        assert r.status_code == 404 and r.json()["code"] == "unknown_aggregate_type"
+        r = await c.post("/v1/accounts/a1/transfer", json={})
+        assert r.status_code == 404 and r.json()["code"] == "unknown_command"
+        assert r.headers["content-type"] == PROBLEM
+        r = await c.get(f"/v1/accounts/{new_id()}")
+        assert r.status_code == 404 and r.json()["code"] == "not_found"
+        r = await c.get("/v1/planets/p1")
+        assert r.status_code == 404 and r.json()["code"] == "unknown_aggregate_type"
+        r = await c.get("/v1/commands/never-sent")
+        assert r.status_code == 404
+        r = await c.get("/nowhere")
+        assert r.status_code == 404 and r.headers["content-type"] == PROBLEM
+
+
+async def test_bad_input_never_reaches_the_commands_topic(settings: Settings) -> None:
+    async with system(settings) as s:
+        c, account = s.client, new_id()
+        url = f"/v1/accounts/{account}/deposit"
+        json_header = {"Content-Type": "application/json"}
+        r = await c.post(url, content=b'{"amount": ', headers=json_header)
+        assert r.status_code == 400 and r.json()["code"] == "malformed_json"
+        r = await c.post(url, json={"amount": "lots"})
+        assert r.status_code == 422 and r.json()["code"] == "invalid_payload"
+        assert r.json()["errors"][0]["loc"] == ["amount"]
+        r = await c.post(url, json={"amount": 5, "note": "hi"})
+        assert r.status_code == 422 and r.json()["errors"][0]["type"] == "extra_forbidden"
+        r = await c.post(url, json=[1, 2])
+        assert r.status_code == 422
+        r = await c.post(url, content=b'{"amount": 5}', headers={"Content-Type": "text/plain"})
+        assert r.status_code == 415
+        r = await c.post(url, content=b'{"amount": 5, "pad": "' + b"x" * 70_000 + b'"}', headers=json_header)
+        assert r.status_code == 413 and r.json()["code"] == "body_too_large"
+
+        async def chunked() -> object:
+            for _ in range(100):
+                yield b"x" * 1000
+
+        r = await c.post(url, content=chunked(), headers=json_header)
+        assert r.status_code == 413
+        r = await c.post(url, json={"amount": 5}, headers={"If-Match": "five"})
+        assert r.status_code == 400 and r.json()["code"] == "invalid_if_match"
+        r = await c.post(url, json={"amount": 5}, headers={"Idempotency-Key": "k" * 300})
+        assert r.status_code == 400
+        r = await c.get(f"/v1/accounts/{account}?min_version=abc")
+        assert r.status_code == 422 and r.headers["content-type"] == PROBLEM
+
+        commands = await read_topic(settings, TopicNames(settings.app).commands)
+        assert commands == []
+
+
+async def test_a_retried_idempotency_key_returns_the_original_and_emits_nothing(settings: Settings) -> None:
+    async with system(settings) as s:
+        c, account = s.client, new_id()
+        await open_account(c, account)
+        key = {"Idempotency-Key": f"dep-{account}"}
+        first = await c.post(f"/v1/accounts/{account}/deposit", json={"amount": 10}, headers=key)
+        # Retries concurrently and afterwards, through the processor and from the replica.
+        retries = await asyncio.gather(
+            *(c.post(f"/v1/accounts/{account}/deposit", json={"amount": 10}, headers=key) for _ in range(5))
+        )
+        assert first.status_code == 200
+        for retry in retries:
+            assert retry.status_code == 200 and retry.json() == first.json()
+        r = await c.get(f"/v1/accounts/{account}")
+        assert r.json()["state"]["balance"] == 10 and r.json()["version"] == 2
+        events = [v for k, v, _ in await read_topic(settings, events_topic(settings, "accounts")) if k == account.encode()]
+        assert [e["type"] for e in events] == ["Opened", "Deposited"]
+
+
+async def test_respond_async_and_the_command_resource(settings: Settings) -> None:
+    async with system(settings) as s:
+        c, account = s.client, new_id()
+        r = await c.post(
+            f"/v1/accounts/{account}/open",
+            json={"owner": "ada"},
+            headers={"Prefer": "respond-async", "Idempotency-Key": f"open-{account}"},
+        )
+        assert r.status_code == 202
+        assert r.headers["location"] == f"/v1/commands/open-{account}"
+        assert r.headers["preference-applied"] == "respond-async"
+        for _ in range(200):
+            r = await c.get(f"/v1/commands/open-{account}")
+            if r.status_code == 200:
+                break
+            await asyncio.sleep(0.05)
+        assert r.status_code == 200
+        assert r.json()["status"] == "accepted" and r.json()["version"] == 1 and r.json()["http_status"] == 200
+        r = await c.get(f"/v1/accounts/{account}?min_version=1")
+        assert r.status_code == 200 and r.json()["version"] == 1
+
+
+async def test_no_outcome_in_time_is_503_and_the_command_is_still_processed(settings: Settings) -> None:
+    registry = load_registry(settings.domain)
+    quick = settings.model_copy(update={"api": settings.api.model_copy(update={"outcome_timeout_s": 0.5})})
+    async with system(quick, processors=0) as s:
+        c, account = s.client, new_id()
+        r = await c.post(f"/v1/accounts/{account}/open", json={"owner": "ada"}, headers={"Idempotency-Key": f"o-{account}"})
+        assert r.status_code == 503
+        assert r.headers["retry-after"] == "1"
+        assert r.headers["location"] == f"/v1/commands/o-{account}"
+        assert r.json()["code"] == "outcome_pending"
+        r = await c.get(f"/v1/accounts/{account}?min_version=1")
+        assert r.status_code == 503 and r.headers["retry-after"]
+        # The command was acknowledged: once a processor runs, its outcome appears.
+        async with processor(settings, registry):
+            r = await c.get(f"/v1/accounts/{account}?min_version=1")
+            assert r.status_code == 200
+            r = await c.get(f"/v1/commands/o-{account}")
+            assert r.status_code == 200 and r.json()["status"] == "accepted"
+
+
+async def test_auth(settings: Settings) -> None:
+    secured = settings.model_copy(update={"api": settings.api.model_copy(update={"auth_tokens": ["s3cret"]})})
+    async with system(secured) as s:
+        c, account = s.client, new_id()
+        r = await c.post(f"/v1/accounts/{account}/open", json={"owner": "ada"})
+        assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+        r = await c.post(f"/v1/accounts/{account}/open", json={"owner": "ada"}, headers={"Authorization": "Bearer nope"})
+        assert r.status_code == 403
+        r = await c.post(f"/v1/accounts/{account}/open", json={"owner": "ada"}, headers={"Authorization": "Bearer s3cret"})
+        assert r.status_code == 200
+        assert (await c.get("/healthz")).status_code == 200
+
+
+async def test_openapi_health_and_metrics(settings: Settings) -> None:
+    async with system(settings) as s:
+        c = s.client
+        spec = (await c.get("/openapi.json")).json()
+        schemas = spec["components"]["schemas"]
+        assert schemas["accounts.Deposit"]["properties"]["amount"]["type"] == "integer"
+        assert schemas["orders.Place"]["required"] == ["customer_id", "lines"]
+        assert schemas["accounts.events.Opened"]["x-schema-version"] == 2
+        assert "orders.events.Placed" in schemas and "orders.State" in schemas
+        body = spec["paths"]["/v1/accounts/{id}/deposit"]["post"]["requestBody"]
+        assert body["content"]["application/json"]["schema"]["$ref"] == "#/components/schemas/accounts.Deposit"
+        assert (await c.get("/healthz")).json() == {"status": "ok"}
+        assert (await c.get("/readyz")).status_code == 200
+        await open_account(c, new_id())
+        metrics = (await c.get("/metrics")).text
+        assert "esk_commands_total" in metrics
+        assert (await c.get("/docs")).status_code == 200

@@ -1,0 +1,153 @@
+"""Runs real esk components inside the test's event loop: processors and API servers
+(uvicorn on a free port), against the suite's real broker."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import uvicorn
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from app.api.http import create_app
+from app.kafka.topics import TopicNames, ensure_topics, topic_specs
+from app.processing.processor import Processor
+from app.registry import Registry, load_registry
+from app.settings import Settings
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def wait_for(predicate: Any, timeout_s: float = 60.0, what: str = "condition") -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+@dataclass
+class RunningProcessor:
+    processor: Processor
+    stop: asyncio.Event
+    task: asyncio.Task[None]
+
+    async def shutdown(self) -> None:
+        self.stop.set()
+        await asyncio.wait_for(self.task, 60)
+
+
+@asynccontextmanager
+async def processor(settings: Settings, registry: Registry, wait_ready: bool = True) -> AsyncIterator[RunningProcessor]:
+    proc = Processor(settings, registry)
+    stop = asyncio.Event()
+    running = RunningProcessor(proc, stop, asyncio.create_task(proc.run(stop)))
+    try:
+        if wait_ready:
+            await wait_for(lambda: proc.ready or running.task.done(), what="processor ready")
+            if running.task.done():
+                running.task.result()
+        yield running
+    finally:
+        if not running.task.done():
+            await running.shutdown()
+
+
+@asynccontextmanager
+async def api(settings: Settings, registry: Registry) -> AsyncIterator[httpx.AsyncClient]:
+    port = free_port()
+    app = create_app(settings, registry)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
+    serving = asyncio.create_task(server.serve())
+    try:
+        await wait_for(lambda: server.started or serving.done(), what="API started")
+        if serving.done():
+            serving.result()
+        await wait_for(app.state.replica.ready.is_set, what="API replica ready")
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+            yield client
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(serving, 30)
+
+
+@dataclass
+class System:
+    settings: Settings
+    registry: Registry
+    clients: list[httpx.AsyncClient] = field(default_factory=list)
+    processors: list[RunningProcessor] = field(default_factory=list)
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        return self.clients[0]
+
+
+@asynccontextmanager
+async def system(settings: Settings, apis: int = 1, processors: int = 1) -> AsyncIterator[System]:
+    registry = load_registry(settings.domain)
+    report = await ensure_topics(settings, topic_specs(settings, registry))
+    assert not report.problems, report.problems
+    running = System(settings, registry)
+    async with AsyncExitStack() as stack:
+        for n in range(processors):
+            own = with_state_dirs(settings, f"p{n}")
+            running.processors.append(await stack.enter_async_context(processor(own, registry)))
+        for n in range(apis):
+            own = with_state_dirs(settings, f"a{n}")
+            running.clients.append(await stack.enter_async_context(api(own, registry)))
+        yield running
+
+
+def with_state_dirs(settings: Settings, suffix: str) -> Settings:
+    """Each instance gets its own state directory, as each would on its own host."""
+    processor_dir = Path(settings.processor.state_dir) / suffix
+    api_dir = Path(settings.api.state_dir) / suffix
+    return settings.model_copy(
+        update={
+            "processor": settings.processor.model_copy(update={"state_dir": processor_dir}),
+            "api": settings.api.model_copy(update={"state_dir": api_dir}),
+        }
+    )
+
+
+async def read_topic(settings: Settings, topic: str) -> list[Any]:
+    """Every committed record of a topic, as (key, decoded JSON value, headers)."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=settings.bootstrap_servers, isolation_level="read_committed", enable_auto_commit=False
+    )
+    await consumer.start()
+    try:
+        partitions = consumer.partitions_for_topic(topic)
+        if not partitions:
+            await consumer._client.force_metadata_update()
+            partitions = consumer.partitions_for_topic(topic) or set()
+        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        ends = await consumer.end_offsets(tps)
+        out: list[Any] = []
+        for tp in tps:
+            while await consumer.position(tp) < ends[tp]:
+                batch = await consumer.getmany(tp, timeout_ms=1000)
+                for r in batch.get(tp, []):
+                    value = orjson.loads(r.value) if r.value is not None else None
+                    out.append((r.key, value, dict(r.headers)))
+        return out
+    finally:
+        await consumer.stop()
+
+
+def events_topic(settings: Settings, aggregate_type: str) -> str:
+    return TopicNames(settings.app).events(aggregate_type)
