@@ -38,6 +38,7 @@ def load_settings(**overrides: Any) -> Settings:
         else:
             settings = settings.model_copy(update={section: value})
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("aiokafka").setLevel(max(logging.WARNING, logging.getLogger().level))
     return settings
 
 

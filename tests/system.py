@@ -122,8 +122,8 @@ def with_state_dirs(settings: Settings, suffix: str) -> Settings:
     )
 
 
-async def read_topic(settings: Settings, topic: str) -> list[Any]:
-    """Every committed record of a topic, as (key, decoded JSON value, headers)."""
+async def read_topic(settings: Settings, topic: str, decode: bool = True) -> list[Any]:
+    """Every committed record of a topic, as (key, JSON-decoded value, headers)."""
     consumer = AIOKafkaConsumer(
         bootstrap_servers=settings.bootstrap_servers, isolation_level="read_committed", enable_auto_commit=False
     )
@@ -142,7 +142,7 @@ async def read_topic(settings: Settings, topic: str) -> list[Any]:
             while await consumer.position(tp) < ends[tp]:
                 batch = await consumer.getmany(tp, timeout_ms=1000)
                 for r in batch.get(tp, []):
-                    value = orjson.loads(r.value) if r.value is not None else None
+                    value = orjson.loads(r.value) if decode and r.value is not None else r.value
                     out.append((r.key, value, dict(r.headers)))
         return out
     finally:

@@ -16,20 +16,25 @@ from app.settings import Settings
 
 class CommandGateway:
     def __init__(self, settings: Settings) -> None:
+        self.settings = settings
         self.topic = TopicNames(settings.app).commands
+        self._producer: AIOKafkaProducer | None = None
+
+    async def start(self) -> None:
+        # aiokafka clients bind to the running loop, so they are made here, not in __init__.
         self._producer = AIOKafkaProducer(
-            **client_options(settings),
-            client_id=f"{settings.app}.api",
+            **client_options(self.settings),
+            client_id=f"{self.settings.app}.api",
             acks="all",
             enable_idempotence=True,
             linger_ms=1,
         )
-
-    async def start(self) -> None:
         await self._producer.start()
 
     async def stop(self) -> None:
-        await self._producer.stop()
+        if self._producer is not None:
+            await self._producer.stop()
 
     async def submit(self, envelope: CommandEnvelope) -> None:
+        assert self._producer is not None, "CommandGateway.start() was not awaited"
         await self._producer.send_and_wait(self.topic, envelope.encode(), key=envelope.key)

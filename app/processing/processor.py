@@ -85,8 +85,10 @@ class Processor:
             async with self._lock:
                 await self._commit_due(list(self.tasks.values()))
         finally:
-            for starting in list(self._starting.values()):
-                starting.cancel()
+            starting = list(self._starting.values())
+            for task in starting:
+                task.cancel()
+            await asyncio.gather(*starting, return_exceptions=True)
             await consumer.stop()
             async with self._lock:
                 for partition in list(self.tasks):
@@ -193,11 +195,11 @@ class Processor:
             linger_ms=2,
             transaction_timeout_ms=self.settings.processor.transaction_timeout_ms,
         )
-        # init_transactions (inside start) fences the previous owner and aborts its open
-        # transaction, so the changelog we restore next can no longer change under us.
-        await producer.start()
         store = None
         try:
+            # init_transactions (inside start) fences the previous owner and aborts its open
+            # transaction, so the changelog we restore next can no longer change under us.
+            await producer.start()
             store = await self._open_restored_store(partition)
             tp = TopicPartition(self.topics.commands, partition)
             committed = await self._consumer.committed(tp)
