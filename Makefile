@@ -7,7 +7,7 @@ ESK    := $(VENV)/bin/esk
 VENV_STAMP := $(VENV)/.esk-installed
 KAFKA_JARS := deploy/kafka/libs/.resolved
 
-.PHONY: run test setup venv jars bench bench-quick clean
+.PHONY: run test setup venv jars crash bench bench-quick clean
 
 setup: venv jars
 
@@ -33,6 +33,9 @@ run: setup
 
 test: setup
 	$(PY) -m pytest -p no:cacheprovider
+
+crash: setup
+	$(PY) -m bench.crash --kills 50
 
 clean:
 	rm -rf $(VENV) deploy/kafka/libs .esk

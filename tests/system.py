@@ -14,9 +14,9 @@ from typing import Any
 import httpx
 import orjson
 import uvicorn
-from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from app.api.http import create_app
+from app.kafka.reader import read_committed
 from app.kafka.topics import TopicNames, ensure_topics, topic_specs
 from app.processing.processor import Processor
 from app.registry import Registry, load_registry
@@ -124,29 +124,10 @@ def with_state_dirs(settings: Settings, suffix: str) -> Settings:
 
 async def read_topic(settings: Settings, topic: str, decode: bool = True) -> list[Any]:
     """Every committed record of a topic, as (key, JSON-decoded value, headers)."""
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=settings.bootstrap_servers, isolation_level="read_committed", enable_auto_commit=False
-    )
-    await consumer.start()
-    try:
-        partitions = consumer.partitions_for_topic(topic)
-        if not partitions:
-            await consumer._client.force_metadata_update()
-            partitions = consumer.partitions_for_topic(topic) or set()
-        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        ends = await consumer.end_offsets(tps)
-        out: list[Any] = []
-        for tp in tps:
-            while await consumer.position(tp) < ends[tp]:
-                batch = await consumer.getmany(tp, timeout_ms=1000)
-                for r in batch.get(tp, []):
-                    value = orjson.loads(r.value) if decode and r.value is not None else r.value
-                    out.append((r.key, value, dict(r.headers)))
-        return out
-    finally:
-        await consumer.stop()
+    return [
+        (r.key, orjson.loads(r.value) if decode and r.value is not None else r.value, dict(r.headers))
+        for r in await read_committed(settings, topic)
+    ]
 
 
 def events_topic(settings: Settings, aggregate_type: str) -> str:

@@ -1,0 +1,45 @@
+"""Reads a whole topic as read_committed readers see it (for checks, tools and tests)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.structs import ConsumerRecord
+
+from app.kafka.client_options import client_options
+from app.settings import Settings
+
+
+async def read_committed(settings: Settings, topic: str) -> list[ConsumerRecord[bytes, bytes]]:
+    """Every committed record of `topic` up to its end offsets at the time of the call."""
+    consumer = AIOKafkaConsumer(
+        **client_options(settings), isolation_level="read_committed", enable_auto_commit=False, group_id=None
+    )
+    await consumer.start()
+    try:
+        partitions = consumer.partitions_for_topic(topic)
+        for _ in range(50):
+            if partitions:
+                break
+            await consumer._client.force_metadata_update()  # noqa: SLF001 - no public refresh
+            partitions = consumer.partitions_for_topic(topic)
+            await asyncio.sleep(0.1)
+        tps = [TopicPartition(topic, p) for p in sorted(partitions or ())]
+        if not tps:
+            return []
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        ends = await consumer.end_offsets(tps)
+        records: list[ConsumerRecord[bytes, bytes]] = []
+        pending = {tp for tp in tps if ends[tp] > 0}
+        while pending:
+            batches = await consumer.getmany(*pending, timeout_ms=1000, max_records=10_000)
+            for batch in batches.values():
+                records.extend(batch)
+            for tp in list(pending):
+                if await consumer.position(tp) >= ends[tp]:
+                    pending.discard(tp)
+        return records
+    finally:
+        await consumer.stop()

@@ -1,0 +1,137 @@
+"""Real esk processes for harnesses: `esk api` and `esk processor` as child processes,
+each with its own state directory, metrics port and log file."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from app.settings import Settings
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class EskProcess:
+    role: str  # "api" or "processor"
+    name: str
+    env: dict[str, str]
+    log_path: Path
+    port: int
+    process: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+
+    def start(self) -> None:
+        self.starts += 1
+        log = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it
+        log.write(f"\n=== start {self.starts} ===\n".encode())
+        log.flush()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "app.cli", self.role], env=self.env, stdout=log, stderr=subprocess.STDOUT
+        )
+
+    def signal(self, sig: signal.Signals) -> None:
+        assert self.process is not None
+        self.process.send_signal(sig)
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def stop(self, timeout_s: float = 30) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def metric(self, name: str) -> float | None:
+        """A metric's sum over its labels, from this process's /metrics."""
+        path = "/metrics"
+        try:
+            text = httpx.get(f"http://127.0.0.1:{self.port}{path}", timeout=2).text
+        except httpx.HTTPError:
+            return None
+        total = None
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == name:
+                    total = (total or 0.0) + sample.value
+        return total
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+@dataclass
+class Cluster:
+    settings: Settings
+    workdir: Path
+    processes: list[EskProcess] = field(default_factory=list)
+
+    def _env(self, extra: dict[str, str]) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ESK_")}
+        env.update(
+            {
+                "ESK_APP": self.settings.app,
+                "ESK_KAFKA__BOOTSTRAP_SERVERS": self.settings.bootstrap_servers,
+                "ESK_TOPICS__PARTITIONS": str(self.settings.topics.partitions),
+                "ESK_LOG_LEVEL": "INFO",
+                "ESK_DOMAIN": self.settings.domain,
+                **extra,
+            }
+        )
+        return env
+
+    def processor(self, name: str, **settings: str) -> EskProcess:
+        port = free_port()
+        env = self._env(
+            {
+                "ESK_PROCESSOR__STATE_DIR": str(self.workdir / name),
+                "ESK_PROCESSOR__METRICS_PORT": str(port),
+                **settings,
+            }
+        )
+        return self._add(EskProcess("processor", name, env, self.workdir / f"{name}.log", port))
+
+    def api(self, name: str, **settings: str) -> EskProcess:
+        port = free_port()
+        env = self._env({"ESK_API__STATE_DIR": str(self.workdir / name), "ESK_API__PORT": str(port), **settings})
+        return self._add(EskProcess("api", name, env, self.workdir / f"{name}.log", port))
+
+    def _add(self, process: EskProcess) -> EskProcess:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.processes.append(process)
+        return process
+
+    def stop_all(self) -> None:
+        for process in self.processes:
+            process.stop()
+
+
+def wait_until(predicate, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+        time.sleep(0.1)
