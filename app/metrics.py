@@ -18,3 +18,4 @@ RESTORE_RATE = Gauge("esk_restore_records_per_second", "Rate of the latest resto
 ACTIVE_TASKS = Gauge("esk_active_tasks", "Partitions this processor owns")
 STORE_MEMORY = Gauge("esk_rocksdb_cache_bytes", "RocksDB shared cache usage (blocks + memtables)", ["role"])
 HTTP_OUTCOME_TIMEOUTS = Counter("esk_http_outcome_timeouts_total", "Commands answered 503: no outcome in time")
+EXPIRED = Counter("esk_expired_entries_total", "Store entries deleted by TTL (aggregates and de-duplication entries)")

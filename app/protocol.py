@@ -34,6 +34,24 @@ def command_key(command_id: str) -> bytes:
 
 AGGREGATE_PREFIX = b"a/"
 COMMAND_PREFIX = b"c/"
+EXPIRY_PREFIX = b"x/"
+_EXPIRY_DIGITS = 15  # milliseconds, zero-padded so that keys sort by time
+
+
+def expiry_key(expires_at: int, key: bytes) -> bytes:
+    """An entry of the expiry index: `x/<expires_at>/<key of what expires>`. The index is
+    written to the changelog like everything else, so a restored store keeps it."""
+    return EXPIRY_PREFIX + str(expires_at).zfill(_EXPIRY_DIGITS).encode() + b"/" + key
+
+
+def expiry_bound(now: int) -> bytes:
+    """Index keys below this bound have expired."""
+    return expiry_key(now, b"")
+
+
+def parse_expiry_key(index_key: bytes) -> tuple[int, bytes]:
+    stamp, _, key = index_key[len(EXPIRY_PREFIX):].partition(b"/")
+    return int(stamp), key
 
 
 @dataclass(frozen=True)

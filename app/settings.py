@@ -66,6 +66,9 @@ class ProcessorSettings(BaseModel):
     batch_max_records: int = 1000
     commit_interval_ms: int = 100
     dedup_window_s: int = 7 * 24 * 3600
+    # How often each task deletes what expired (aggregate retention, de-duplication window).
+    expiry_interval_s: float = 10.0
+    expiry_batch: int = 1000
     memory_budget_mb: int = 256
     transaction_timeout_ms: int = 60_000
     session_timeout_ms: int = 10_000

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,8 +25,9 @@ from aiokafka.errors import ProducerFenced
 
 from app.kafka.client_options import client_options
 from app.kafka.topics import TopicNames
-from app.metrics import ACTIVE_TASKS, RESTORE_RATE, RESTORE_RECORDS, RESTORE_REMAINING, STORE_MEMORY
+from app.metrics import ACTIVE_TASKS, EXPIRED, RESTORE_RATE, RESTORE_RECORDS, RESTORE_REMAINING, STORE_MEMORY
 from app.processing.stream_task import StreamTask
+from app.protocol import now_ms
 from app.registry import Registry
 from app.settings import Settings
 from app.state.resources import StoreResources
@@ -57,6 +59,7 @@ class Processor:
         self._consumer: AIOKafkaConsumer | None = None
         self._on_restore_progress = on_restore_progress
         self.restores: dict[int, RestoreProgress] = {}
+        self._last_expiry = time.monotonic()
 
     @property
     def ready(self) -> bool:
@@ -105,6 +108,7 @@ class Processor:
                 if task is not None:
                     for record in records:
                         task.process(record)
+            self._expire_due()
             interval_s = self.settings.processor.commit_interval_ms / 1000
             due = [
                 t
@@ -114,6 +118,16 @@ class Processor:
             ]
             await self._commit_due(due)
         STORE_MEMORY.labels("processor").set(self.resources.usage_bytes())
+
+    def _expire_due(self) -> None:
+        now = time.monotonic()
+        if now - self._last_expiry < self.settings.processor.expiry_interval_s:
+            return
+        self._last_expiry = now
+        for task in self.tasks.values():
+            expired = task.expire(now_ms(), self.settings.processor.expiry_batch)
+            if expired:
+                EXPIRED.inc(expired)
 
     async def _commit_due(self, due: list[StreamTask]) -> None:
         results = await asyncio.gather(*(t.commit() for t in due), return_exceptions=True)
@@ -205,7 +219,16 @@ class Processor:
             committed = await self._consumer.committed(tp)
             if committed is None:
                 committed = (await self._consumer.beginning_offsets([tp]))[tp]
-            return StreamTask(partition, self.topics, self.registry, store, producer, self.group_id, committed)
+            return StreamTask(
+                partition,
+                self.topics,
+                self.registry,
+                store,
+                producer,
+                self.group_id,
+                committed,
+                dedup_window_ms=self.settings.processor.dedup_window_s * 1000,
+            )
         except BaseException:
             if store is not None:
                 store.close()
@@ -233,6 +256,7 @@ class Processor:
                 store = await _open_store(path, self.resources)
                 progress = await restore(reader, store, self.topics.changelog, [partition], self._progress)
             self.restores[partition] = progress[partition]
+            RESTORE_RECORDS.labels("processor").inc(progress[partition].restored)
             return store
         except BaseException:
             store.close()

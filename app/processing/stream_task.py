@@ -27,6 +27,8 @@ from app.kafka.topics import TopicNames
 from app.metrics import COMMANDS, COMMIT_SECONDS, DLQ_RECORDS, TRANSACTION_RECORDS
 from app.processing.command_handler import handle_command
 from app.protocol import (
+    AGGREGATE_PREFIX,
+    EXPIRY_PREFIX,
     CommandEnvelope,
     DecodeError,
     Outcome,
@@ -34,7 +36,10 @@ from app.protocol import (
     StoredAggregate,
     aggregate_key,
     command_key,
+    expiry_bound,
+    expiry_key,
     now_ms,
+    parse_expiry_key,
 )
 from app.registry import Registry
 from app.state.store import StateStore
@@ -61,6 +66,7 @@ class StreamTask:
         producer: AIOKafkaProducer,
         group_id: str,
         next_offset: int,
+        dedup_window_ms: int,
     ) -> None:
         self.partition = partition
         self.topics = topics
@@ -71,6 +77,7 @@ class StreamTask:
         self.input = TopicPartition(topics.commands, partition)
         self.next_offset = next_offset  # the next commands offset this task has to handle
         self.committed_offset = next_offset
+        self.dedup_window_ms = dedup_window_ms
         self._writes: dict[bytes, bytes | None] = {}
         self._outputs: list[_Output] = []
         self._batch_started: float | None = None
@@ -80,7 +87,7 @@ class StreamTask:
 
     @property
     def has_pending(self) -> bool:
-        return self.next_offset > self.committed_offset
+        return self.next_offset > self.committed_offset or bool(self._outputs)
 
     @property
     def pending_commands(self) -> int:
@@ -133,13 +140,42 @@ class StreamTask:
             self._emit(events_topic, envelope.aggregate_id.encode(), event.encode(), headers=event.headers())
         if handled.aggregate is not None:
             self._change(key, handled.aggregate.encode())
+            expires_before = stored.expires_at if stored is not None else None
+            if handled.aggregate.expires_at != expires_before:
+                if expires_before is not None:
+                    self._change(expiry_key(expires_before, key), None)
+                if handled.aggregate.expires_at is not None:
+                    self._change(expiry_key(handled.aggregate.expires_at, key), b"")
         self._record_outcome(handled.outcome)
 
     def _record_outcome(self, outcome: Outcome) -> None:
         value = outcome.encode()
+        key = command_key(outcome.command_id)
         self._emit(self.topics.results, outcome.command_id.encode(), value)
-        self._change(command_key(outcome.command_id), value)
+        self._change(key, value)
+        self._change(expiry_key(outcome.processed_at + self.dedup_window_ms, key), b"")
         COMMANDS.labels(outcome.aggregate_type, outcome.code or outcome.status.value).inc()
+
+    def expire(self, now: int, limit: int) -> int:
+        """Delete what expired before `now` (final aggregates past their retention,
+        de-duplication entries past the window), at most `limit` of them. The deletes are
+        tombstones in the changelog, committed with the next batch, so a restore never
+        resurrects them and compaction drops them from the topic too."""
+        expired = 0
+        for index_key, _ in self.store.scan(EXPIRY_PREFIX, expiry_bound(now)):
+            if expired >= limit:
+                break
+            if index_key in self._writes:
+                continue  # deleted in this batch already
+            expires_at, key = parse_expiry_key(index_key)
+            current = self._get(key)
+            if current is not None and not (
+                key.startswith(AGGREGATE_PREFIX) and StoredAggregate.decode(current).expires_at != expires_at
+            ):
+                self._change(key, None)
+            self._change(index_key, None)
+            expired += 1
+        return expired
 
     def _get(self, key: bytes) -> bytes | None:
         if key in self._writes:
@@ -147,6 +183,8 @@ class StreamTask:
         return self.store.get(key)
 
     def _change(self, key: bytes, value: bytes | None) -> None:
+        if self._batch_started is None:
+            self._batch_started = time.monotonic()
         self._writes[key] = value
         self._emit(self.topics.changelog, key, value, partition=self.partition)
 

@@ -37,7 +37,8 @@ class StateStore(ABC):
         """Apply puts (bytes) and deletes (None) and record the offsets, atomically."""
 
     @abstractmethod
-    def items(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]: ...
+    def scan(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """Entries with start <= key < end, in key order."""
 
     @abstractmethod
     def close(self) -> None: ...
@@ -85,10 +86,10 @@ class RocksDBStore(StateStore):
             batch.put(_OFFSET_PREFIX + str(partition).encode(), struct.pack(">q", offset), self._meta_handle)
         self._db.write(batch)
 
-    def items(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+    def scan(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:
         assert self._db is not None
-        for key, value in self._db.items(from_key=prefix):
-            if not key.startswith(prefix):
+        for key, value in self._db.items(from_key=start):
+            if key >= end:
                 return
             yield key, value
 
