@@ -125,7 +125,7 @@ def with_state_dirs(settings: Settings, suffix: str) -> Settings:
 async def read_topic(settings: Settings, topic: str, decode: bool = True) -> list[Any]:
     """Every committed record of a topic, as (key, JSON-decoded value, headers)."""
     return [
-        (r.key, orjson.loads(r.value) if decode and r.value is not None else r.value, dict(r.headers))
+        (r.key, orjson.loads(r.value) if decode and r.value else r.value, dict(r.headers))
         for r in await read_committed(settings, topic)
     ]
 
