@@ -98,7 +98,7 @@ async def test_an_aborted_transaction_leaves_no_trace(settings: Settings) -> Non
         assert r.status_code == 200 and r.json()["version"] == 2
         events = [v for k, v, _ in await read_topic(settings, names.events("accounts")) if k == account.encode()]
         assert [(e["type"], e["version"]) for e in events] == [("Opened", 1), ("Deposited", 2)]
-        assert all(v is None or v.get("version") != 99 for _, v, _ in await read_topic(settings, names.changelog))
+        assert all(not isinstance(v, dict) or v.get("version") != 99 for _, v, _ in await read_topic(settings, names.changelog))
     with pytest.raises(Exception):  # the zombie is fenced (or its transaction was aborted)
         await zombie.commit_transaction()
     await zombie.stop()
