@@ -16,6 +16,7 @@ from pathlib import Path
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from app.kafka.client_options import client_options
+from app.kafka.metadata import topic_partitions
 from app.kafka.topics import TopicNames
 from app.metrics import STORE_MEMORY
 from app.protocol import Outcome, StoredAggregate, aggregate_key, command_key
@@ -70,7 +71,7 @@ class StateReplica:
     async def _run(self) -> None:
         assert self._consumer is not None and self.store is not None
         consumer, store = self._consumer, self.store
-        partitions = await _partitions(consumer, self.topic)
+        partitions = await topic_partitions(consumer, self.topic)
         await restore(consumer, store, self.topic, partitions)
         self.ready.set()
         log.info("replica of %s caught up", self.topic)
@@ -134,12 +135,3 @@ class StateReplica:
                     if not waiters:
                         del self._waiters[key]
 
-
-async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> list[int]:
-    for _ in range(100):
-        partitions = consumer.partitions_for_topic(topic)
-        if partitions:
-            return sorted(partitions)
-        await consumer._client.force_metadata_update()  # noqa: SLF001 - no public refresh in aiokafka
-        await asyncio.sleep(0.1)
-    raise RuntimeError(f"topic {topic} not found: run `esk topics init`")

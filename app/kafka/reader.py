@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import ConsumerRecord
 
 from app.kafka.client_options import client_options
+from app.kafka.metadata import topic_partitions
 from app.settings import Settings
 
 
@@ -18,16 +17,7 @@ async def read_committed(settings: Settings, topic: str) -> list[ConsumerRecord[
     )
     await consumer.start()
     try:
-        partitions = consumer.partitions_for_topic(topic)
-        for _ in range(50):
-            if partitions:
-                break
-            await consumer._client.force_metadata_update()  # noqa: SLF001 - no public refresh
-            partitions = consumer.partitions_for_topic(topic)
-            await asyncio.sleep(0.1)
-        tps = [TopicPartition(topic, p) for p in sorted(partitions or ())]
-        if not tps:
-            return []
+        tps = [TopicPartition(topic, p) for p in await topic_partitions(consumer, topic)]
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
         ends = await consumer.end_offsets(tps)

@@ -1,0 +1,91 @@
+"""Ceilings: what the Kafka clients and Kafka's own perf tools do with the same records
+and no processing at all."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from app.broker import EmbeddedBroker
+from app.kafka.client_options import client_options
+from app.kafka.metadata import topic_partitions
+from app.settings import Settings
+
+
+async def aiokafka_consume(settings: Settings, topic: str, expected: int) -> float:
+    consumer = AIOKafkaConsumer(**client_options(settings), group_id=None, enable_auto_commit=False,
+                                max_partition_fetch_bytes=4 * 1024 * 1024)
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topic, p) for p in await topic_partitions(consumer, topic)]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        started = time.perf_counter()
+        seen = 0
+        while seen < expected:
+            batches = await consumer.getmany(timeout_ms=1000, max_records=50_000)
+            seen += sum(len(b) for b in batches.values())
+        return time.perf_counter() - started
+    finally:
+        await consumer.stop()
+
+
+def confluent_rates(settings: Settings, records: list[tuple[bytes, bytes]], topic: str) -> list[tuple[str, float]]:
+    """confluent-kafka (librdkafka) produce and consume of the same records, if installed."""
+    try:
+        from confluent_kafka import Consumer, Producer
+    except ImportError:
+        return []
+    conf = {"bootstrap.servers": settings.bootstrap_servers}
+    producer = Producer({**conf, "acks": "all", "enable.idempotence": True, "linger.ms": 20})
+    started = time.perf_counter()
+    for key, value in records:
+        while True:
+            try:
+                producer.produce(topic, value, key)
+                break
+            except BufferError:
+                producer.poll(0.01)
+    producer.flush()
+    produce_s = time.perf_counter() - started
+    consumer = Consumer({**conf, "group.id": f"{topic}-reader", "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    consumer.subscribe([topic])
+    seen, started = 0, time.perf_counter()
+    while seen < len(records):
+        seen += len([m for m in consumer.consume(10_000, timeout=1.0) if m.error() is None])
+    consume_s = time.perf_counter() - started
+    consumer.close()
+    return [
+        ("confluent-kafka produce (acks=all)", len(records) / produce_s),
+        ("confluent-kafka consume", len(records) / consume_s),
+    ]
+
+
+def kafka_perf_tools(broker: EmbeddedBroker, settings: Settings, records: int, size: int) -> list[tuple[str, float]]:
+    """kafka-producer-perf-test and kafka-consumer-perf-test from the broker's own jars."""
+    classpath = broker._classpath()  # noqa: SLF001 - the same jars the broker runs on
+    topic = f"{settings.app}.perf"
+    produced = subprocess.run(
+        ["java", "-Xmx512m", "-cp", classpath, "org.apache.kafka.tools.ProducerPerformance",
+         "--topic", topic, "--num-records", str(records), "--record-size", str(size), "--throughput", "-1",
+         "--producer-props", f"bootstrap.servers={settings.bootstrap_servers}", "acks=all", "linger.ms=20"],
+        capture_output=True, text=True, timeout=1200,
+    )
+    out: list[tuple[str, float]] = []
+    match = re.search(r"records sent, ([\d.]+) records/sec", produced.stdout)
+    if match:
+        out.append(("kafka-producer-perf-test (acks=all)", float(match.group(1))))
+    consumed = subprocess.run(
+        ["java", "-Xmx512m", "-cp", classpath, "org.apache.kafka.tools.ConsumerPerformance",
+         "--topic", topic, "--messages", str(records), "--bootstrap-server", settings.bootstrap_servers],
+        capture_output=True, text=True, timeout=1200,
+    )
+    lines = [line for line in consumed.stdout.splitlines() if line and line[0].isdigit()]
+    if lines:
+        # start.time, end.time, data.consumed.in.MB, MB.sec, data.consumed.in.nMsg, nMsg.sec, ...
+        fields = [f.strip() for f in lines[-1].split(",")]
+        out.append(("kafka-consumer-perf-test", float(fields[5])))
+    return out

@@ -1,0 +1,85 @@
+"""Measuring esk processes from outside: drain time, readiness, RSS, metric histograms."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+import psutil
+
+from app.settings import Settings
+from bench.cluster import EskProcess
+from bench.workload import committed_lag
+
+
+@dataclass
+class Run:
+    started: float
+    ready_after_s: float | None = None
+    drained_after_s: float | None = None
+    rss_samples: list[int] = field(default_factory=list)
+
+    @property
+    def max_rss_mb(self) -> float:
+        return max(self.rss_samples, default=0) / 2**20
+
+
+async def drain(
+    settings: Settings, process: EskProcess, group: str, topic: str, partitions: int, timeout_s: float
+) -> Run:
+    """Start `process` (already configured) and follow it until `group` has committed
+    everything of `topic`; samples the process's RSS on the way."""
+    run = Run(started=time.perf_counter())
+    process.start()
+    assert process.process is not None
+    ps = psutil.Process(process.process.pid)
+    deadline = run.started + timeout_s
+    next_lag_check = 0.0
+    while time.perf_counter() < deadline:
+        await asyncio.sleep(0.25)
+        try:
+            run.rss_samples.append(ps.memory_info().rss)
+        except psutil.NoSuchProcess:
+            raise RuntimeError(f"{process.name} died; see {process.log_path}") from None
+        now = time.perf_counter()
+        if run.ready_after_s is None and process.metric("esk_active_tasks") == partitions:
+            run.ready_after_s = now - run.started
+        if now >= next_lag_check:
+            next_lag_check = now + 0.5
+            if await committed_lag(settings, group, topic) == 0:
+                run.drained_after_s = now - run.started
+                return run
+    raise TimeoutError(f"{process.name} did not drain {topic} in {timeout_s:.0f}s")
+
+
+async def until_ready(process: EskProcess, partitions: int, timeout_s: float) -> float:
+    """Start `process` and return the seconds until it owns every partition, restored."""
+    started = time.perf_counter()
+    process.start()
+    while time.perf_counter() - started < timeout_s:
+        if process.metric("esk_active_tasks") == partitions:
+            return time.perf_counter() - started
+        await asyncio.sleep(0.02)
+    raise TimeoutError(f"{process.name} not ready in {timeout_s:.0f}s")
+
+
+def histogram_quantile(process: EskProcess, name: str, q: float) -> float | None:
+    """A quantile from a Prometheus histogram's buckets (upper bound of the bucket)."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"http://127.0.0.1:{process.port}/metrics", timeout=2).text
+    buckets: list[tuple[float, float]] = []
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == f"{name}_bucket":
+                buckets.append((float(sample.labels["le"]), sample.value))
+    if not buckets:
+        return None
+    buckets.sort()
+    total = buckets[-1][1]
+    for bound, count in buckets:
+        if count >= q * total:
+            return bound
+    return None

@@ -1,0 +1,196 @@
+"""The benchmark harness: every workload side by side with its ceiling and a peer, in one
+run, on one embedded broker. `make bench-quick` (minutes) or `make bench` (a million
+commands; writes docs/benchmarks.md and docs/benchmarks.png).
+
+Figures are rates measured in the same run; the report quotes ratios against the
+ceilings and the peer, because this machine is noisy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import platform
+import shutil
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from app.broker import EmbeddedBroker
+from app.kafka.reader import read_committed
+from app.kafka.topics import TopicSpec, ensure_topics, topic_specs
+from app.registry import load_registry
+from app.settings import PROJECT_ROOT, BrokerSettings, Settings
+from bench import ceilings, peer
+from bench.cluster import Cluster, free_port
+from bench.measure import drain, histogram_quantile, until_ready
+from bench.workload import accounts_commands, command_records, produce, topic_names
+
+console = Console()
+
+
+@dataclass
+class Row:
+    workload: str
+    system: str
+    value: float
+    unit: str
+    note: str = ""
+
+
+@dataclass
+class Report:
+    commands: int
+    accounts: int
+    partitions: int
+    rows: list[Row] = field(default_factory=list)
+
+    def add(self, workload: str, system: str, value: float, unit: str, note: str = "") -> None:
+        self.rows.append(Row(workload, system, value, unit, note))
+        console.print(f"{workload:<4} {system:<38} {value:>12,.1f} {unit} {note}", highlight=False)
+
+    def get(self, workload: str, system: str) -> float | None:
+        return next((r.value for r in self.rows if r.workload == workload and r.system == system), None)
+
+
+async def run(commands_n: int, accounts_n: int, partitions: int, budget_mb: int, with_peer: bool) -> Report:
+    report = Report(commands_n, accounts_n, partitions)
+    broker = EmbeddedBroker(BrokerSettings(port=free_port_pair(), data_dir=Path(tempfile.mkdtemp(prefix="esk-bench-broker-")), heap="1g"))
+    await asyncio.to_thread(broker.start)
+    workdir = Path(tempfile.mkdtemp(prefix="esk-bench-"))
+    console.print(f"broker on {broker.bootstrap}; work in {workdir}")
+    try:
+        settings = Settings(
+            app=f"bench{uuid.uuid4().hex[:6]}",
+            kafka={"bootstrap_servers": broker.bootstrap},
+            topics={"partitions": partitions},
+            _env_file=None,
+        )
+        registry = load_registry(settings.domain)
+        names = topic_names(settings)
+        raw = [TopicSpec(f"{settings.app}.{name}", partitions, 1, {}) for name in ("raw", "perf")]
+        await ensure_topics(settings, topic_specs(settings, registry) + raw)
+        commands = accounts_commands(commands_n, accounts_n, seed=42)
+        records = command_records(commands)
+        mean_size = sum(len(v) for _, v in records) / len(records)
+
+        # -- ceilings: the raw client rates for the same records ---------------------------
+        seconds = await produce(settings, names.commands, records)
+        report.add("C", "aiokafka produce (acks=all)", commands_n / seconds, "records/s")
+        seconds = await ceilings.aiokafka_consume(settings, names.commands, commands_n)
+        report.add("C", "aiokafka consume", commands_n / seconds, "records/s")
+        for system, rate in ceilings.confluent_rates(settings, records, f"{settings.app}.raw"):
+            report.add("C", system, rate, "records/s")
+        for system, rate in ceilings.kafka_perf_tools(broker, settings, commands_n, int(mean_size)):
+            report.add("C", system, rate, "records/s")
+
+        # -- W1: esk processor drains the topic --------------------------------------------
+        cluster = Cluster(settings, workdir)
+        processor = cluster.processor("processor", ESK_PROCESSOR__MEMORY_BUDGET_MB=str(budget_mb))
+        group = f"{settings.app}.processor"
+        w1 = await drain(settings, processor, group, names.commands, partitions, timeout_s=3600)
+        assert w1.drained_after_s is not None and w1.ready_after_s is not None
+        processing_s = w1.drained_after_s - w1.ready_after_s
+        report.add("W1", "esk processor", commands_n / processing_s, "commands/s",
+                   f"ready {w1.ready_after_s:.1f}s, drained {w1.drained_after_s:.1f}s")
+        for q in (0.5, 0.99):
+            bound = histogram_quantile(processor, "esk_commit_seconds", q)
+            if bound is not None:
+                report.add("W1", f"esk commit latency p{int(q * 100)} (<=)", bound * 1000, "ms")
+        report.add("W5", "esk processor max RSS", w1.max_rss_mb, "MB", f"budget {budget_mb} MB")
+        events = len(await read_committed(settings, names.events("accounts")))
+        report.add("W1", "events emitted", events, "events")
+
+        # -- W3: restart after a clean stop, and after losing the state --------------------
+        processor.stop()
+        ready = await until_ready(processor, partitions, 600)
+        report.add("W3", "esk ready after clean stop", ready, "s", f"{accounts_n:,} aggregates")
+        processor.stop()
+        shutil.rmtree(processor.env["ESK_PROCESSOR__STATE_DIR"])
+        ready = await until_ready(processor, partitions, 3600)
+        restored = processor.metric("esk_restore_records_total") or 0
+        report.add("W3", "esk ready after losing its state", ready, "s", f"{restored:,.0f} records restored")
+        report.add("W3", "esk full restore rate", restored / ready, "records/s")
+        processor.stop()
+
+        # -- the peer: the same validation as a Quix Streams app --------------------------
+        if with_peer:
+            peer_run = await peer.run_quix(settings, workdir, names.commands, commands_n, partitions)
+            report.add("W1", "Quix Streams peer", commands_n / peer_run.processing_s, "commands/s",
+                       f"ready {peer_run.ready_s:.1f}s")
+            report.add("W5", "Quix Streams peer max RSS", peer_run.max_rss_mb, "MB")
+        return report
+    finally:
+        await asyncio.to_thread(broker.stop)
+        shutil.rmtree(broker.data_dir, ignore_errors=True)
+
+
+def free_port_pair() -> int:
+    import socket
+
+    for _ in range(100):
+        port = free_port()
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free port pair")
+
+
+def ratios(report: Report, budget_mb: int) -> list[tuple[str, float | None, str]]:
+    w1 = report.get("W1", "esk processor")
+    produce = report.get("C", "aiokafka produce (acks=all)")
+    consume = report.get("C", "aiokafka consume")
+    quix = report.get("W1", "Quix Streams peer")
+    client_ceiling = None
+    if produce and consume:
+        # each command reads one record and writes about three: the ceiling is the rate at
+        # which the client could move that traffic
+        client_ceiling = 1 / (1 / consume + 3 / produce)
+    out = [
+        ("W1 esk / client ceiling (1 read + 3 writes)", w1 / client_ceiling if w1 and client_ceiling else None, ">= 0.5"),
+        ("W1 esk / Quix Streams", w1 / quix if w1 and quix else None, ">= 1.5"),
+    ]
+    rss = report.get("W5", "esk processor max RSS")
+    over = rss - budget_mb if rss is not None else None
+    return out + [("W5 esk max RSS minus the RocksDB budget (MB)", over, "<= 150")]
+
+
+def render(report: Report) -> Table:
+    table = Table(title=f"esk benchmarks: {report.commands:,} commands, {report.accounts:,} accounts, {report.partitions} partitions")
+    for column in ("workload", "system", "value", "unit", "note"):
+        table.add_column(column, justify="right" if column == "value" else "left")
+    for r in report.rows:
+        table.add_row(r.workload, r.system, f"{r.value:,.1f}", r.unit, r.note)
+    return table
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="50k commands over 5k accounts")
+    parser.add_argument("--no-peer", action="store_true")
+    parser.add_argument("--write", action="store_true", help="write docs/benchmarks.md and docs/benchmarks.png")
+    parser.add_argument("--budget-mb", type=int, default=128)
+    args = parser.parse_args()
+    commands_n, accounts_n = (50_000, 5_000) if args.quick else (1_000_000, 100_000)
+    started = time.perf_counter()
+    report = asyncio.run(run(commands_n, accounts_n, 6, args.budget_mb, not args.no_peer))
+    console.print(render(report))
+    for name, value, target in ratios(report, args.budget_mb):
+        console.print(f"{name}: {'n/a' if value is None else f'{value:.2f}'}  (target {target})", highlight=False)
+    console.print(f"benchmark took {time.perf_counter() - started:.0f}s on {platform.node()}")
+    if args.write:
+        from bench.report import write
+
+        write(report, ratios(report, args.budget_mb), PROJECT_ROOT / "docs")
+
+
+if __name__ == "__main__":
+    main()
