@@ -34,6 +34,17 @@ run: setup
 test: setup
 	$(PY) -m pytest -p no:cacheprovider
 
+BENCH_STAMP := $(VENV)/.esk-bench-installed
+$(BENCH_STAMP): pyproject.toml $(VENV_STAMP)
+	$(PY) -m pip install -q -e '.[dev,bench]'
+	@touch $@
+
+bench-quick: setup $(BENCH_STAMP)
+	$(PY) -m bench.run --quick
+
+bench: setup $(BENCH_STAMP)
+	$(PY) -m bench.run --write
+
 crash: setup
 	$(PY) -m bench.crash --kills 50
 

@@ -1,4 +1,5 @@
-"""What esk writes on its topics and into its stores, and how it is encoded (JSON via orjson).
+"""What esk writes on its topics and into its stores, and how it is encoded (JSON via orjson,
+which serializes these dataclasses natively).
 
 - commands topic: key `<type>/<id>`, value `CommandEnvelope`
 - `<app>.<type>.events`: key `<id>`, value an event record, headers esk-*
@@ -9,7 +10,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -72,7 +73,7 @@ class CommandEnvelope:
         return f"{self.aggregate_type}/{self.aggregate_id}".encode()
 
     def encode(self) -> bytes:
-        return orjson.dumps(asdict(self))
+        return orjson.dumps(self)
 
     @classmethod
     def decode(cls, value: bytes | None) -> CommandEnvelope:
@@ -120,7 +121,7 @@ class Outcome:
     processed_at: int = field(default_factory=now_ms)
 
     def encode(self) -> bytes:
-        return orjson.dumps(asdict(self))
+        return orjson.dumps(self)
 
     @classmethod
     def decode(cls, value: bytes) -> Outcome:
@@ -137,7 +138,7 @@ class StoredAggregate:
     expires_at: int | None = None  # set once the aggregate is final and its type has a retention
 
     def encode(self) -> bytes:
-        return orjson.dumps(asdict(self))
+        return orjson.dumps(self)
 
     @classmethod
     def decode(cls, value: bytes) -> StoredAggregate:
@@ -161,7 +162,7 @@ class EventRecord:
     recorded_at: int
 
     def encode(self) -> bytes:
-        return orjson.dumps(asdict(self))
+        return orjson.dumps(self)
 
     @classmethod
     def decode(cls, value: bytes) -> EventRecord:

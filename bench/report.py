@@ -1,0 +1,76 @@
+"""Writes docs/benchmarks.md (machine, versions, table, ratios) and docs/benchmarks.png."""
+
+from __future__ import annotations
+
+import os
+import platform
+from datetime import datetime, timezone
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import psutil
+
+if TYPE_CHECKING:
+    from bench.run import Report
+
+
+def _version(package: str) -> str:
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "not installed"
+
+
+def write(report: Report, ratios: list[tuple[str, float | None, str]], docs: Path) -> None:
+    chart = docs / "benchmarks.png"
+    _chart(report, chart)
+    lines = [
+        "# Benchmarks",
+        "",
+        f"Written by `make bench` on {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC. Every figure comes from the "
+        "same run on the same embedded broker; compare the ratios, not the absolute numbers, across machines.",
+        "",
+        "## Machine and versions",
+        "",
+        f"- {platform.platform()}, {os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB",
+        f"- Python {platform.python_version()}; Apache Kafka 4.3.1 (embedded, KRaft, one node)",
+        "- " + ", ".join(f"{p} {_version(p)}" for p in ("aiokafka", "rocksdict", "confluent-kafka", "quixstreams")),
+        "",
+        f"## Results: {report.commands:,} commands over {report.accounts:,} accounts, {report.partitions} partitions",
+        "",
+        "| workload | system | value | unit | note |",
+        "|---|---|---:|---|---|",
+        *(f"| {r.workload} | {r.system} | {r.value:,.1f} | {r.unit} | {r.note} |" for r in report.rows),
+        "",
+        "## Ratios against the targets",
+        "",
+        "| ratio | measured | target |",
+        "|---|---:|---|",
+        *(f"| {name} | {'n/a' if value is None else f'{value:.2f}'} | {target} |" for name, value, target in ratios),
+        "",
+        "C = ceilings (the clients and Kafka's own perf tools moving the same records with no processing).",
+        "W1 = processor throughput, W3 = restart and restore, W5 = resident memory.",
+        "",
+        f"![rates]({chart.name})",
+        "",
+    ]
+    (docs / "benchmarks.md").write_text("\n".join(lines))
+
+
+def _chart(report: Report, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in report.rows if r.unit in ("records/s", "commands/s")]
+    fig, ax = plt.subplots(figsize=(9, 0.45 * len(rows) + 1))
+    ax.barh([f"{r.workload} {r.system}" for r in rows], [r.value for r in rows],
+            color=["#888" if r.workload == "C" else "#2a7" for r in rows])
+    ax.invert_yaxis()
+    ax.set_xlabel("per second")
+    ax.set_title(f"esk: {report.commands:,} commands")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
