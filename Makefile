@@ -6,8 +6,9 @@ PY     := $(VENV)/bin/python
 ESK    := $(VENV)/bin/esk
 VENV_STAMP := $(VENV)/.esk-installed
 KAFKA_JARS := deploy/kafka/libs/.resolved
+SPARK_JARS := deploy/spark/jars/.resolved
 
-.PHONY: run test setup venv jars crash bench bench-quick clean
+.PHONY: run test setup venv jars tools crash bench bench-quick clean
 
 setup: venv jars
 
@@ -17,15 +18,22 @@ $(VENV_STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "error: esk needs Python 3.11+, $(PYTHON) is $$($(PYTHON) --version)"; exit 1; }
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || { echo "error: could not create $(VENV): apt-get install python3-venv"; exit 1; }
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,spark]'
 	@touch $@
 
-jars: $(KAFKA_JARS)
-$(KAFKA_JARS): deploy/kafka/pom.xml
+jars: $(KAFKA_JARS) $(SPARK_JARS)
+tools:
 	@command -v java >/dev/null 2>&1 || { echo "error: java not found: install OpenJDK 17+ (apt-get install openjdk-17-jre-headless)"; exit 1; }
 	@command -v mvn >/dev/null 2>&1 || { echo "error: mvn not found: install Maven (apt-get install maven)"; exit 1; }
+
+$(KAFKA_JARS): deploy/kafka/pom.xml | tools
 	rm -rf deploy/kafka/libs
 	mvn -q -B -f deploy/kafka/pom.xml dependency:copy-dependencies
+	@touch $@
+
+$(SPARK_JARS): deploy/spark/pom.xml deploy/spark/maven-settings.xml | tools
+	rm -rf deploy/spark/jars
+	mvn -q -B -s deploy/spark/maven-settings.xml -f deploy/spark/pom.xml dependency:copy-dependencies
 	@touch $@
 
 run: setup
@@ -49,4 +57,4 @@ crash: setup
 	$(PY) -m bench.crash --kills 50
 
 clean:
-	rm -rf $(VENV) deploy/kafka/libs .esk
+	rm -rf $(VENV) deploy/kafka/libs deploy/spark/jars .esk

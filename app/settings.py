@@ -90,6 +90,20 @@ class ApiSettings(BaseModel):
     auth_tokens: list[str] = Field(default_factory=list)
 
 
+class ProjectionSettings(BaseModel):
+    """PySpark projections: local mode by default; a cluster through spark-submit."""
+
+    warehouse_dir: Path = PROJECT_ROOT / ".esk" / "warehouse"
+    jars_dir: Path = PROJECT_ROOT / "deploy" / "spark" / "jars"
+    spark_master: str = "local[2]"
+    driver_memory: str = "1g"
+    shuffle_partitions: int = 4
+    trigger_interval_s: float = 5.0
+    max_offsets_per_trigger: int | None = None
+    # Rows the HTTP API returns at most per projection query.
+    api_row_limit: int = 1000
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="ESK_",
@@ -106,6 +120,7 @@ class Settings(BaseSettings):
     topics: TopicSettings = Field(default_factory=TopicSettings)
     processor: ProcessorSettings = Field(default_factory=ProcessorSettings)
     api: ApiSettings = Field(default_factory=ApiSettings)
+    projections: ProjectionSettings = Field(default_factory=ProjectionSettings)
     log_level: str = "INFO"
 
     @property

@@ -1,0 +1,209 @@
+"""The shipped read models. Each is a batch transformation plus how its rows merge in;
+adding one is adding an entry here (and its name to catalog.py), nothing else."""
+
+from __future__ import annotations
+
+from delta.tables import DeltaTable
+from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+
+from app.registry import Registry
+from projections.catalog import CATALOG
+from projections.events import spark_schema
+from projections.runner import BatchWriter, Projection
+
+RECENT_ORDERS = 30
+
+
+def payload(registry: Registry, aggregate_type: str, event_type: str) -> Column:
+    """The decoded payload struct for rows of `event_type`, null for other rows."""
+    schema = spark_schema(registry[aggregate_type].event_type(event_type))
+    return F.when(F.col("type") == event_type, F.from_json(F.col("data"), schema))
+
+
+def latest(column: str) -> Column:
+    """The value of `column` at the highest version among rows where it is set."""
+    return F.max_by(F.col(column), F.when(F.col(column).isNotNull(), F.col("version")))
+
+
+# -- account_balances ---------------------------------------------------------------
+
+
+def _account_balances(spark: SparkSession, table: DeltaTable, events: DataFrame, registry: Registry, writer: BatchWriter) -> int:
+    accounts = events.filter(F.col("aggregate_type") == "accounts")
+    deposited = payload(registry, "accounts", "Deposited")
+    withdrawn = payload(registry, "accounts", "Withdrawn")
+    rows = (
+        accounts.select(
+            F.col("aggregate_id").alias("account_id"),
+            "version",
+            F.coalesce(deposited["amount"], -withdrawn["amount"], F.lit(0)).alias("delta"),
+            payload(registry, "accounts", "Opened")["owner"].alias("owner"),
+            F.when(F.col("type") == "Opened", "open").when(F.col("type") == "Closed", "closed").alias("status"),
+        )
+        .groupBy("account_id")
+        .agg(F.sum("delta").alias("delta"), F.max("version").alias("version"), F.max("owner").alias("owner"), latest("status").alias("status"))
+    )
+    writer.run(
+        "merge",
+        lambda: table.alias("t")
+        .merge(rows.alias("s"), "t.account_id = s.account_id")
+        .whenMatchedUpdate(
+            condition="s.version > t.version",
+            set={
+                "balance": "t.balance + s.delta",
+                "version": "s.version",
+                "owner": "coalesce(s.owner, t.owner)",
+                "status": "coalesce(s.status, t.status)",
+            },
+        )
+        .whenNotMatchedInsert(
+            values={"account_id": "s.account_id", "owner": "s.owner", "balance": "s.delta", "status": "s.status", "version": "s.version"}
+        )
+        .execute(),
+    )
+    return rows.count()
+
+
+# -- daily_order_totals ---------------------------------------------------------------
+
+
+def _order_amounts(registry: Registry) -> tuple[Column, Column]:
+    placed = payload(registry, "orders", "Placed")
+    added = payload(registry, "orders", "LineAdded")
+    placed_amount = F.aggregate(placed["lines"], F.lit(0).cast("long"), lambda acc, line: acc + line["qty"] * line["price"])
+    return placed_amount, added["qty"] * added["price"]
+
+
+def _daily_order_totals(spark: SparkSession, table: DeltaTable, events: DataFrame, registry: Registry, writer: BatchWriter) -> int:
+    placed_amount, added_amount = _order_amounts(registry)
+    rows = (
+        events.filter(F.col("aggregate_type") == "orders")
+        .select(
+            "day",
+            F.when(F.col("type") == "Placed", 1).otherwise(0).alias("orders"),
+            F.coalesce(placed_amount, added_amount, F.lit(0)).alias("amount"),
+        )
+        .groupBy("day")
+        .agg(F.sum("orders").alias("orders"), F.sum("amount").alias("amount"))
+    )
+    writer.run(
+        "merge",
+        lambda: table.alias("t")
+        .merge(rows.alias("s"), "t.day = s.day")
+        .whenMatchedUpdate(set={"orders": "t.orders + s.orders", "amount": "t.amount + s.amount"})
+        .whenNotMatchedInsertAll()
+        .execute(),
+    )
+    return rows.count()
+
+
+# -- customer_recent_orders ------------------------------------------------------------
+
+
+def _customer_recent_orders(spark: SparkSession, table: DeltaTable, events: DataFrame, registry: Registry, writer: BatchWriter) -> int:
+    placed_amount, added_amount = _order_amounts(registry)
+    placed = payload(registry, "orders", "Placed")
+    status = (
+        F.when(F.col("type") == "Placed", "placed")
+        .when(F.col("type") == "Shipped", "shipped")
+        .when(F.col("type") == "Cancelled", "cancelled")
+        .when(F.col("type") == "Deleted", "deleted")
+    )
+    orders = (
+        events.filter(F.col("aggregate_type") == "orders")
+        .select(
+            F.col("aggregate_id").alias("order_id"),
+            "version",
+            placed["customer_id"].alias("customer_id"),
+            F.when(F.col("type") == "Placed", F.col("event_time")).alias("placed_at"),
+            F.coalesce(placed_amount, added_amount, F.lit(0)).alias("amount"),
+            status.alias("status"),
+        )
+        .groupBy("order_id")
+        .agg(
+            F.max("customer_id").alias("customer_id"),
+            F.max("placed_at").alias("placed_at"),
+            F.sum("amount").alias("amount"),
+            latest("status").alias("status"),
+            F.max("version").alias("version"),
+        )
+    )
+    writer.run(
+        "merge",
+        lambda: table.alias("t")
+        .merge(orders.alias("s"), "t.order_id = s.order_id")
+        .whenMatchedUpdate(
+            condition="s.version > t.version",
+            set={"status": "coalesce(s.status, t.status)", "total": "t.total + s.amount", "version": "s.version"},
+        )
+        .whenNotMatchedInsert(
+            condition="s.customer_id IS NOT NULL",  # an order trimmed out earlier stays out
+            values={
+                "customer_id": "s.customer_id",
+                "order_id": "s.order_id",
+                "placed_at": "s.placed_at",
+                "status": "s.status",
+                "total": "s.amount",
+                "version": "s.version",
+            },
+        )
+        .execute(),
+    )
+    # Keep each touched customer's newest RECENT_ORDERS orders.
+    customers = orders.filter(F.col("customer_id").isNotNull()).select("customer_id").distinct()
+    newest_first = Window.partitionBy("customer_id").orderBy(F.col("placed_at").desc(), F.col("order_id").desc())
+    older = (
+        table.toDF()
+        .join(customers, "customer_id")
+        .withColumn("rank", F.row_number().over(newest_first))
+        .filter(F.col("rank") > RECENT_ORDERS)
+        .select("order_id")
+    )
+    writer.run(
+        "trim",
+        lambda: table.alias("t").merge(older.alias("s"), "t.order_id = s.order_id").whenMatchedDelete().execute(),
+    )
+    return orders.count()
+
+
+# -- events_archive ------------------------------------------------------------------
+
+
+def _events_archive(spark: SparkSession, table: DeltaTable, events: DataFrame, registry: Registry, writer: BatchWriter) -> int:
+    rows = events.drop("kafka_partition", "kafka_offset")
+    location = table.detail().first()["location"]  # type: ignore[index]
+    writer.run(
+        "append",
+        lambda: rows.write.format("delta")
+        .mode("append")
+        .option("txnAppId", writer.app_id + ".append")
+        .option("txnVersion", writer.batch_id)
+        .save(location),
+    )
+    return events.count()
+
+
+PROJECTIONS: dict[str, Projection] = {
+    p.model.name: p
+    for p in (
+        Projection(
+            CATALOG["account_balances"],
+            "account_id STRING, owner STRING, balance BIGINT, status STRING, version BIGINT",
+            _account_balances,
+        ),
+        Projection(CATALOG["daily_order_totals"], "day DATE, orders BIGINT, amount BIGINT", _daily_order_totals),
+        Projection(
+            CATALOG["customer_recent_orders"],
+            "customer_id STRING, order_id STRING, placed_at TIMESTAMP, status STRING, total BIGINT, version BIGINT",
+            _customer_recent_orders,
+        ),
+        Projection(
+            CATALOG["events_archive"],
+            "event_id STRING, aggregate_type STRING, aggregate_id STRING, version BIGINT, type STRING, "
+            "schema_version INT, data STRING, command_id STRING, correlation_id STRING, causation_id STRING, "
+            "recorded_at BIGINT, event_time TIMESTAMP, day DATE",
+            _events_archive,
+        ),
+    )
+}
