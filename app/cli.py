@@ -19,7 +19,9 @@ cli = typer.Typer(no_args_is_help=True, add_completion=False, help="esk: event s
 broker_cli = typer.Typer(no_args_is_help=True, help="The embedded single-node Kafka broker (KRaft).")
 topics_cli = typer.Typer(no_args_is_help=True, help="The application's topics.")
 cli.add_typer(broker_cli, name="broker")
+project_cli = typer.Typer(no_args_is_help=True, help="PySpark projections: read models in Delta Lake.")
 cli.add_typer(topics_cli, name="topics")
+cli.add_typer(project_cli, name="project")
 
 console = Console()
 err = Console(stderr=True)
@@ -38,7 +40,8 @@ def load_settings(**overrides: Any) -> Settings:
         else:
             settings = settings.model_copy(update={section: value})
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("aiokafka").setLevel(max(logging.WARNING, logging.getLogger().level))
+    for noisy in ("aiokafka", "py4j"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
     return settings
 
 
@@ -147,6 +150,91 @@ def dev() -> None:
         if broker is not None and started_broker:
             broker.stop()
             console.print("broker stopped")
+
+
+@project_cli.command("list")
+def project_list() -> None:
+    """The read models, what they read, and the generation readers use."""
+    from rich.table import Table
+
+    from projections.catalog import CATALOG, Tables
+
+    settings = load_settings()
+    tables = Tables(settings.projections.warehouse_dir)
+    table = Table("name", "reads", "description", "current table")
+    for model in CATALOG.values():
+        path = tables.current_path(model.name)
+        table.add_row(model.name, ", ".join(model.categories), model.description, str(path) if path else "not built yet")
+    console.print(table)
+
+
+@project_cli.command("run")
+def project_run(
+    name: Annotated[str, typer.Argument(help="A read model (see `esk project list`).")],
+    continuous: Annotated[bool, typer.Option("--continuous", help="Keep running after catching up.")] = False,
+    rebuild: Annotated[bool, typer.Option("--rebuild", help="Rebuild from the earliest offsets into a new table; readers switch once it caught up.")] = False,
+) -> None:
+    """Catch the read model up with its event streams (and stop, unless --continuous)."""
+    from projections.read_models import PROJECTIONS
+    from projections.runner import run
+
+    settings = load_settings()
+    if name not in PROJECTIONS:
+        raise fail(f"no read model {name!r}; `esk project list` shows them")
+    summary = run(settings, PROJECTIONS[name], continuous=continuous, rebuild=rebuild, console=console)
+    console.print(
+        f"{name}: generation {summary.generation}, {summary.batches} batches, {summary.events:,} events, "
+        f"{summary.rows:,} rows merged; lag {sum(summary.lag.values())}",
+        highlight=False,
+    )
+
+
+@cli.command("sql")
+def sql(
+    query: Annotated[str, typer.Argument(help='e.g. "SELECT * FROM customer_recent_orders WHERE customer_id = \'c1\'"')],
+    output: Annotated[str, typer.Option("--format", help="table, csv or json")] = "table",
+    limit: Annotated[int, typer.Option(help="Rows printed at most.")] = 1000,
+) -> None:
+    """Run Spark SQL over the read models; each is a table under its own name."""
+    from projections.catalog import CATALOG, Tables
+    from projections.session import spark_session
+
+    settings = load_settings()
+    if output not in ("table", "csv", "json"):
+        raise fail("--format must be table, csv or json")
+    spark = spark_session(settings, "esk-sql")
+    tables = Tables(settings.projections.warehouse_dir)
+    for name in CATALOG:
+        path = tables.current_path(name)
+        if path is not None:
+            spark.read.format("delta").load(str(path)).createOrReplaceTempView(name)
+    try:
+        frame = spark.sql(query).limit(limit)
+        rows = frame.collect()
+    except Exception as error:  # Spark's analysis errors name the missing table or column
+        raise fail(str(error).splitlines()[0]) from None
+    print_rows(frame.columns, [list(r) for r in rows], output)
+
+
+def print_rows(columns: list[str], rows: list[list[Any]], output: str) -> None:
+    import csv
+    import sys
+
+    import orjson
+    from rich.table import Table
+
+    if output == "csv":
+        writer = csv.writer(sys.stdout)
+        writer.writerow(columns)
+        writer.writerows(rows)
+    elif output == "json":
+        for row in rows:
+            sys.stdout.write(orjson.dumps(dict(zip(columns, row)), default=str).decode() + "\n")
+    else:
+        table = Table(*columns)
+        for row in rows:
+            table.add_row(*("" if v is None else str(v) for v in row))
+        console.print(table)
 
 
 def main() -> None:

@@ -8,6 +8,7 @@ outcome and turns it into a response (`outcome_response`).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import uuid
@@ -193,6 +194,46 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
         if command_id in pending:
             return _json({"command_id": command_id, "status": "pending"}, 202)
         raise Problem(404, "unknown_command_id", "no outcome for this command (unknown, expired, or not processed yet)")
+
+    @app.get("/v1/projections/{name}", tags=["read models"], summary="Rows of a read model, filtered by ?column=value")
+    async def get_projection(name: str, request: Request, limit: int | None = None) -> Response:
+        filters = {k: v for k, v in request.query_params.items() if k != "limit"}
+        row_limit = min(limit or settings.projections.api_row_limit, settings.projections.api_row_limit)
+        rows = await _read_model(name, filters, row_limit)
+        return _json({"name": name, "rows": rows, "count": len(rows)})
+
+    @app.get("/v1/{type_name}/{id}/events", tags=["state"], summary="An aggregate's history (from the events archive)")
+    async def get_history(type_name: str, id: str) -> Response:  # noqa: A002
+        if type_name not in registry:
+            raise Problem(404, "unknown_aggregate_type", f"no aggregate type {type_name!r}")
+        rows = await _read_model("events_archive", {"aggregate_type": type_name, "aggregate_id": id}, 100_000)
+        if not rows:
+            raise Problem(404, "not_found", f"no archived events for {type_name} {id!r} (the archive is a projection: run it)")
+        events = [
+            {k: r[k] for k in ("event_id", "type", "version", "schema_version", "recorded_at", "command_id")}
+            | {"data": orjson.loads(r["data"])}
+            for r in rows
+        ]
+        return _json({"type": type_name, "id": id, "events": events})
+
+    async def _read_model(name: str, filters: dict[str, str], limit: int) -> list[dict[str, Any]]:
+        try:
+            from projections.catalog import Tables
+            from projections.reader import BadFilter, ReadModelNotBuilt, ReadModelNotFound, read_rows
+        except ImportError:
+            raise Problem(503, "projections_unavailable", "install esk with the spark extra to serve read models") from None
+        try:
+            tables = Tables(settings.projections.warehouse_dir)
+            return await asyncio.to_thread(read_rows, tables, name, filters, limit)
+        except ReadModelNotFound:
+            raise Problem(404, "unknown_projection", f"no read model {name!r}") from None
+        except ReadModelNotBuilt:
+            raise Problem(
+                503, "projection_not_built", f"{name} has not been built yet: run `esk project run {name}`",
+                {"Retry-After": "60"},
+            ) from None
+        except BadFilter as error:
+            raise Problem(400, "invalid_filter", str(error)) from None
 
     for aggregate_type in registry.values():
         for name, model in aggregate_type.commands.items():
