@@ -27,7 +27,8 @@ from app.kafka.topics import TopicSpec, ensure_topics, topic_specs
 from app.registry import load_registry
 from app.settings import PROJECT_ROOT, BrokerSettings, Settings
 from bench import ceilings, peer
-from bench.cluster import Cluster, free_port
+from app.broker.ports import free_port_pair
+from bench.cluster import Cluster
 from bench.measure import drain, histogram_quantile, until_ready
 from bench.workload import accounts_commands, command_records, produce, topic_names
 
@@ -128,20 +129,6 @@ async def run(commands_n: int, accounts_n: int, partitions: int, budget_mb: int,
     finally:
         await asyncio.to_thread(broker.stop)
         shutil.rmtree(broker.data_dir, ignore_errors=True)
-
-
-def free_port_pair() -> int:
-    import socket
-
-    for _ in range(100):
-        port = free_port()
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no free port pair")
 
 
 def ratios(report: Report, budget_mb: int) -> list[tuple[str, float | None, str]]:

@@ -3,7 +3,6 @@ stops it at the end. Each test that needs topics gets an application name of its
 
 from __future__ import annotations
 
-import socket
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,24 +10,8 @@ from pathlib import Path
 import pytest
 
 from app.broker import EmbeddedBroker
+from app.broker.ports import free_port_pair
 from app.settings import BrokerSettings, Settings
-
-
-def free_port_pair() -> int:
-    """A port p such that p and p+1 (the controller) are both free."""
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port >= 65535:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no free port pair")
 
 
 @pytest.fixture(scope="session")

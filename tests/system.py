@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
@@ -16,17 +15,12 @@ import orjson
 import uvicorn
 
 from app.api.http import create_app
+from app.broker.ports import free_port
 from app.kafka.reader import read_committed
 from app.kafka.topics import TopicNames, ensure_topics, topic_specs
 from app.processing.processor import Processor
 from app.registry import Registry, load_registry
 from app.settings import Settings
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def wait_for(predicate: Any, timeout_s: float = 60.0, what: str = "condition") -> None:

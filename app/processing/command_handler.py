@@ -26,24 +26,30 @@ class HandledCommand:
     events: list[EventRecord]
 
 
+def refusal(
+    envelope: CommandEnvelope, status: Status, code: str, detail: str, version: int, now: int
+) -> Outcome:
+    """The outcome of a command that changed nothing."""
+    return Outcome(
+        command_id=envelope.command_id,
+        aggregate_type=envelope.aggregate_type,
+        aggregate_id=envelope.aggregate_id,
+        command=envelope.command,
+        status=status,
+        version=version,
+        code=code,
+        detail=detail,
+        processed_at=now,
+    )
+
+
 def handle_command(
     aggregate_type: AggregateType[Any], envelope: CommandEnvelope, stored: StoredAggregate | None, now: int
 ) -> HandledCommand:
     current = stored.version if stored is not None else 0
 
     def refuse(status: Status, code: str, detail: str) -> HandledCommand:
-        outcome = Outcome(
-            command_id=envelope.command_id,
-            aggregate_type=envelope.aggregate_type,
-            aggregate_id=envelope.aggregate_id,
-            command=envelope.command,
-            status=status,
-            version=current,
-            code=code,
-            detail=detail,
-            processed_at=now,
-        )
-        return HandledCommand(outcome, None, [])
+        return HandledCommand(refusal(envelope, status, code, detail, current, now), None, [])
 
     if envelope.expect_new and stored is not None:
         return refuse(Status.PRECONDITION_FAILED, "precondition_failed", f"exists already at version {current}")

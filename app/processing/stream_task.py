@@ -25,7 +25,7 @@ from aiokafka.structs import ConsumerRecord
 
 from app.kafka.topics import TopicNames
 from app.metrics import COMMANDS, COMMIT_SECONDS, DLQ_RECORDS, TRANSACTION_RECORDS
-from app.processing.command_handler import handle_command
+from app.processing.command_handler import handle_command, refusal
 from app.protocol import (
     AGGREGATE_PREFIX,
     EXPIRY_PREFIX,
@@ -119,17 +119,8 @@ class StreamTask:
             return
         aggregate_type = self.registry.get(envelope.aggregate_type)
         if aggregate_type is None:
-            outcome = Outcome(
-                command_id=envelope.command_id,
-                aggregate_type=envelope.aggregate_type,
-                aggregate_id=envelope.aggregate_id,
-                command=envelope.command,
-                status=Status.REJECTED,
-                version=0,
-                code="unknown_aggregate_type",
-                detail=f"no aggregate type {envelope.aggregate_type!r}",
-            )
-            self._record_outcome(outcome)
+            detail = f"no aggregate type {envelope.aggregate_type!r}"
+            self._record_outcome(refusal(envelope, Status.REJECTED, "unknown_aggregate_type", detail, 0, now_ms()))
             return
         key = aggregate_key(envelope.aggregate_type, envelope.aggregate_id)
         raw = self._get(key)

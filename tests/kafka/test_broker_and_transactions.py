@@ -14,7 +14,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from app.broker import BrokerError, EmbeddedBroker
 from app.kafka.topics import TopicNames, ensure_topics, topic_specs
 from app.settings import BrokerSettings, Settings
-from tests.conftest import free_port_pair
+from app.broker.ports import free_port_pair
 
 pytestmark = pytest.mark.kafka
 
