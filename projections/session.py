@@ -41,6 +41,7 @@ def spark_session(settings: Settings, app_name: str = "esk") -> SparkSession:
         .config("spark.sql.shuffle.partitions", str(p.shuffle_partitions))
         .config("spark.driver.memory", p.driver_memory)
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.streaming.stopGracefullyOnShutdown", "true")
     )
