@@ -6,7 +6,9 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
+import httpx
 import psutil
+from prometheus_client.parser import text_string_to_metric_families
 
 from app.settings import Settings
 from bench.cluster import EskProcess
@@ -66,9 +68,6 @@ async def until_ready(process: EskProcess, partitions: int, timeout_s: float) ->
 
 def histogram_quantile(process: EskProcess, name: str, q: float) -> float | None:
     """A quantile from a Prometheus histogram's buckets (upper bound of the bucket)."""
-    import httpx
-    from prometheus_client.parser import text_string_to_metric_families
-
     text = httpx.get(f"http://127.0.0.1:{process.port}/metrics", timeout=2).text
     buckets: list[tuple[float, float]] = []
     for family in text_string_to_metric_families(text):

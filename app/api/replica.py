@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
@@ -26,6 +28,7 @@ from app.state.restore import changelog_updates, restore
 from app.state.store import RocksDBStore
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class StateReplica:
@@ -111,7 +114,7 @@ class StateReplica:
         await self._wait(aggregate_key(aggregate_type, aggregate_id), current, timeout_s)
         return self.aggregate(aggregate_type, aggregate_id)
 
-    async def _wait(self, key: bytes, lookup, timeout_s: float):  # type: ignore[no-untyped-def]
+    async def _wait(self, key: bytes, lookup: Callable[[], T | None], timeout_s: float) -> T | None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while True:
