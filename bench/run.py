@@ -23,14 +23,14 @@ from rich.table import Table
 
 from app.broker import EmbeddedBroker
 from app.kafka.reader import read_committed
-from app.kafka.topics import TopicSpec, ensure_topics, topic_specs
+from app.kafka.topics import TopicNames, TopicSpec, ensure_topics, topic_specs
 from app.registry import load_registry
 from app.settings import PROJECT_ROOT, BrokerSettings, Settings
 from bench import ceilings, peer
 from app.broker.ports import free_port_pair
 from bench.cluster import Cluster
 from bench.measure import drain, histogram_quantile, until_ready
-from bench.workload import accounts_commands, command_records, produce, topic_names
+from bench.workload import accounts_commands, command_records, produce
 
 console = Console()
 
@@ -73,7 +73,7 @@ async def run(commands_n: int, accounts_n: int, partitions: int, budget_mb: int,
             _env_file=None,
         )
         registry = load_registry(settings.domain)
-        names = topic_names(settings)
+        names = TopicNames(settings.app)
         raw = [TopicSpec(f"{settings.app}.{name}", partitions, 1, {}) for name in ("raw", "perf")]
         await ensure_topics(settings, topic_specs(settings, registry) + raw)
         commands = accounts_commands(commands_n, accounts_n, seed=42)

@@ -12,7 +12,6 @@ from aiokafka.structs import TopicPartition
 
 from app.kafka.client_options import client_options
 from app.kafka.metadata import topic_partitions
-from app.kafka.topics import TopicNames
 from app.protocol import CommandEnvelope
 from app.settings import Settings
 
@@ -76,6 +75,3 @@ async def committed_lag(settings: Settings, group: str, topic: str) -> int:
 def command_records(commands: list[CommandEnvelope]) -> list[tuple[bytes, bytes]]:
     return [(c.key, c.encode()) for c in commands]
 
-
-def topic_names(settings: Settings) -> TopicNames:
-    return TopicNames(settings.app)

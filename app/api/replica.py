@@ -17,7 +17,7 @@ from typing import TypeVar
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from app.kafka.client_options import client_options
+from app.kafka.reader import committed_reader
 from app.kafka.metadata import topic_partitions
 from app.kafka.topics import TopicNames
 from app.metrics import STORE_MEMORY
@@ -51,13 +51,7 @@ class StateReplica:
                 f"cannot open the API replica at {self.path} ({error}); each API instance on a "
                 "host needs its own ESK_API__STATE_DIR"
             ) from None
-        self._consumer = AIOKafkaConsumer(
-            **client_options(self.settings),
-            group_id=None,
-            enable_auto_commit=False,
-            isolation_level="read_committed",
-            client_id=f"{self.settings.app}.api-replica",
-        )
+        self._consumer = committed_reader(self.settings, f"{self.settings.app}.api-replica")
         await self._consumer.start()
         self._follow = asyncio.create_task(self._run(), name="replica")
 

@@ -10,11 +10,18 @@ from app.kafka.metadata import topic_partitions
 from app.settings import Settings
 
 
+def committed_reader(settings: Settings, client_id: str | None = None) -> AIOKafkaConsumer:
+    """A consumer outside any group that sees only committed records: what restores,
+    replicas and checks read with. Make it inside the running loop; assign it partitions."""
+    options = {"client_id": client_id} if client_id else {}
+    return AIOKafkaConsumer(
+        **client_options(settings), isolation_level="read_committed", enable_auto_commit=False, group_id=None, **options
+    )
+
+
 async def read_committed(settings: Settings, topic: str) -> list[ConsumerRecord[bytes, bytes]]:
     """Every committed record of `topic` up to its end offsets at the time of the call."""
-    consumer = AIOKafkaConsumer(
-        **client_options(settings), isolation_level="read_committed", enable_auto_commit=False, group_id=None
-    )
+    consumer = committed_reader(settings)
     await consumer.start()
     try:
         tps = [TopicPartition(topic, p) for p in await topic_partitions(consumer, topic)]

@@ -24,6 +24,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.errors import ProducerFenced
 
 from app.kafka.client_options import client_options
+from app.kafka.reader import committed_reader
 from app.kafka.topics import TopicNames
 from app.metrics import ACTIVE_TASKS, EXPIRED, RESTORE_RATE, RESTORE_RECORDS, RESTORE_REMAINING, STORE_MEMORY
 from app.processing.stream_task import StreamTask
@@ -238,13 +239,7 @@ class Processor:
     async def _open_restored_store(self, partition: int) -> RocksDBStore:
         path = self.state_dir / f"{self.topics.commands}-{partition}"
         store = await _open_store(path, self.resources)
-        reader = AIOKafkaConsumer(
-            **client_options(self.settings),
-            group_id=None,
-            enable_auto_commit=False,
-            isolation_level="read_committed",
-            client_id=f"{self.group_id}-restore-{partition}",
-        )
+        reader = committed_reader(self.settings, f"{self.group_id}-restore-{partition}")
         await reader.start()
         try:
             try:

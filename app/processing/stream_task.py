@@ -99,8 +99,6 @@ class StreamTask:
     def process(self, record: ConsumerRecord[bytes, bytes]) -> None:
         if record.offset < self.next_offset:
             return  # fetched before a rewind; handled already
-        if self._batch_started is None:
-            self._batch_started = time.monotonic()
         self.next_offset = record.offset + 1
         try:
             envelope = CommandEnvelope.decode(record.value)
@@ -174,8 +172,6 @@ class StreamTask:
         return self.store.get(key)
 
     def _change(self, key: bytes, value: bytes | None) -> None:
-        if self._batch_started is None:
-            self._batch_started = time.monotonic()
         self._writes[key] = value
         self._emit(self.topics.changelog, key, value, partition=self.partition)
 
@@ -187,6 +183,9 @@ class StreamTask:
         partition: int | None = None,
         headers: list[tuple[str, bytes]] | None = None,
     ) -> None:
+        # Every handled command and every expiry emits something: the batch starts here.
+        if self._batch_started is None:
+            self._batch_started = time.monotonic()
         self._outputs.append(_Output(topic, key, value, partition, tuple(headers or ())))
 
     def _dead_letter(self, record: ConsumerRecord[bytes, bytes], reason: str) -> None:
