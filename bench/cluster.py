@@ -123,6 +123,13 @@ class Cluster:
             process.stop()
 
 
+def api_ready(api_url: str) -> bool:
+    try:
+        return httpx.get(f"{api_url}/readyz", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 def wait_until(predicate, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout_s
     while not predicate():

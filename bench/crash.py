@@ -39,7 +39,7 @@ from app.kafka.reader import read_committed
 from app.kafka.topics import TopicNames, ensure_topics, topic_specs
 from app.registry import load_registry
 from app.settings import Settings
-from bench.cluster import Cluster, EskProcess, wait_until
+from bench.cluster import Cluster, EskProcess, api_ready, wait_until
 from domain.accounts import accounts as accounts_type
 
 
@@ -208,7 +208,7 @@ async def run(
         api.start()
         processor.start()
         api_url = f"http://127.0.0.1:{api.port}"
-        await asyncio.to_thread(wait_until, lambda: _ready(api_url), 60, "API ready")
+        await asyncio.to_thread(wait_until, lambda: api_ready(api_url), 60, "API ready")
         load = Load(api_url, [f"acc-{n}" for n in range(accounts)], rate, seed)
         driving = asyncio.create_task(load.run())
         for kill in range(1, kills + 1):
@@ -233,13 +233,6 @@ async def run(
         return verdict
     finally:
         cluster.stop_all()
-
-
-def _ready(api_url: str) -> bool:
-    try:
-        return httpx.get(f"{api_url}/readyz", timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def _restores(processor: EskProcess) -> str:

@@ -19,7 +19,7 @@ from app.protocol import CommandEnvelope, aggregate_key
 from app.registry import load_registry
 from app.settings import Settings
 from bench import crash
-from bench.cluster import Cluster, wait_until
+from bench.cluster import Cluster, api_ready, wait_until
 from tests.system import with_state_dirs
 
 pytestmark = pytest.mark.kafka
@@ -75,6 +75,7 @@ async def test_a_frozen_processor_gives_its_partitions_up_and_commits_nothing(se
         api.start()
         frozen.start()
         url = f"http://127.0.0.1:{api.port}"
+        await asyncio.to_thread(wait_until, lambda: api_ready(url), 60, "API ready")
         await asyncio.to_thread(wait_until, lambda: frozen.metric("esk_active_tasks") == partitions, 60, "frozen owns all")
         load = crash.Load(url, [f"acc-{n}" for n in range(30)], rate=60, seed=5)
         driving = asyncio.create_task(load.run())
