@@ -41,8 +41,16 @@ _EXPIRY_DIGITS = 15  # milliseconds, zero-padded so that keys sort by time
 
 def expiry_key(expires_at: int, key: bytes) -> bytes:
     """An entry of the expiry index: `x/<expires_at>/<key of what expires>`. The index is
-    written to the changelog like everything else, so a restored store keeps it."""
+    local to a store: the changelog record of what expires carries its expiry in the
+    EXPIRES_AT_HEADER header, and a restore rebuilds the entry from that."""
     return EXPIRY_PREFIX + str(expires_at).zfill(_EXPIRY_DIGITS).encode() + b"/" + key
+
+
+EXPIRES_AT_HEADER = "esk-expires-at"
+
+
+def expires_at_header(expires_at: int) -> tuple[str, bytes]:
+    return EXPIRES_AT_HEADER, str(expires_at).encode()
 
 
 def expiry_bound(now: int) -> bytes:

@@ -7,11 +7,12 @@ import re
 import subprocess
 import time
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from app.broker import EmbeddedBroker
 from app.kafka.client_options import client_options
 from app.kafka.metadata import topic_partitions
+from app.processing.record_collector import MAX_BATCH_BYTES, Output, RecordCollector
 from app.settings import Settings
 
 
@@ -31,6 +32,28 @@ async def aiokafka_consume(settings: Settings, topic: str, expected: int) -> flo
         return time.perf_counter() - started
     finally:
         await consumer.stop()
+
+
+async def aiokafka_transactional_produce(settings: Settings, topic: str, records: list[tuple[bytes, bytes]]) -> float:
+    """The records sent the way the processor sends its outputs: record batches through
+    RecordCollector, one transaction per `batch_max_records * 3` records (a batch of
+    commands writes about three records each). Returns seconds."""
+    producer = AIOKafkaProducer(
+        **client_options(settings), transactional_id=f"{topic}-ceiling", enable_idempotence=True, acks="all",
+        linger_ms=2, max_batch_size=MAX_BATCH_BYTES,
+    )
+    await producer.start()
+    try:
+        collector = RecordCollector(producer)
+        per_transaction = settings.processor.batch_max_records * 3
+        started = time.perf_counter()
+        for start in range(0, len(records), per_transaction):
+            await producer.begin_transaction()
+            await collector.send([Output(topic, key, value) for key, value in records[start:start + per_transaction]])
+            await producer.commit_transaction()
+        return time.perf_counter() - started
+    finally:
+        await producer.stop()
 
 
 def confluent_rates(settings: Settings, records: list[tuple[bytes, bytes]], topic: str) -> list[tuple[str, float]]:

@@ -27,6 +27,7 @@ from app.kafka.client_options import client_options
 from app.kafka.reader import committed_reader
 from app.kafka.topics import TopicNames
 from app.metrics import ACTIVE_TASKS, EXPIRED, RESTORE_RATE, RESTORE_RECORDS, RESTORE_REMAINING, STORE_MEMORY
+from app.processing.record_collector import MAX_BATCH_BYTES
 from app.processing.stream_task import StreamTask
 from app.protocol import now_ms
 from app.registry import Registry
@@ -208,6 +209,7 @@ class Processor:
             enable_idempotence=True,
             acks="all",
             linger_ms=2,
+            max_batch_size=MAX_BATCH_BYTES,
             transaction_timeout_ms=self.settings.processor.transaction_timeout_ms,
         )
         store = None
@@ -243,13 +245,13 @@ class Processor:
         await reader.start()
         try:
             try:
-                progress = await restore(reader, store, self.topics.changelog, [partition], self._progress)
+                progress = await restore(reader, store, self.topics.changelog, [partition], self._progress, expiry_index=True)
             except StaleStoreError as error:
                 log.warning("partition %d: %s; rebuilding the store", partition, error)
                 store.close()
                 RocksDBStore.destroy(path)
                 store = await _open_store(path, self.resources)
-                progress = await restore(reader, store, self.topics.changelog, [partition], self._progress)
+                progress = await restore(reader, store, self.topics.changelog, [partition], self._progress, expiry_index=True)
             self.restores[partition] = progress[partition]
             RESTORE_RECORDS.labels("processor").inc(progress[partition].restored)
             return store

@@ -1,7 +1,7 @@
 """StreamTask: the single-threaded owner of one commands partition.
 
 Commands are handled against an in-memory overlay on top of the RocksDB store; their
-outputs are buffered. At commit, ONE Kafka transaction carries the events, the outcomes,
+outputs are buffered (RecordCollector sends them as record batches). At commit, ONE Kafka transaction carries the events, the outcomes,
 the changelog records and the consumer offset. Only after that transaction has committed
 is RocksDB written, in one batch together with the changelog offset it now reflects.
 
@@ -14,11 +14,8 @@ Crash ordering, which is the whole point:
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from dataclasses import dataclass
-from typing import Any
 
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.structs import ConsumerRecord
@@ -26,6 +23,7 @@ from aiokafka.structs import ConsumerRecord
 from app.kafka.topics import TopicNames
 from app.metrics import COMMANDS, COMMIT_SECONDS, DLQ_RECORDS, TRANSACTION_RECORDS
 from app.processing.command_handler import handle_command, refusal
+from app.processing.record_collector import Headers, Output, RecordCollector
 from app.protocol import (
     AGGREGATE_PREFIX,
     EXPIRY_PREFIX,
@@ -36,6 +34,7 @@ from app.protocol import (
     StoredAggregate,
     aggregate_key,
     command_key,
+    expires_at_header,
     expiry_bound,
     expiry_key,
     now_ms,
@@ -45,15 +44,6 @@ from app.registry import Registry
 from app.state.store import StateStore
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class _Output:
-    topic: str
-    key: bytes | None
-    value: bytes | None
-    partition: int | None = None
-    headers: tuple[tuple[str, bytes], ...] = ()
 
 
 class StreamTask:
@@ -73,13 +63,14 @@ class StreamTask:
         self.registry = registry
         self.store = store
         self.producer = producer
+        self.collector = RecordCollector(producer)
         self.group_id = group_id
         self.input = TopicPartition(topics.commands, partition)
         self.next_offset = next_offset  # the next commands offset this task has to handle
         self.committed_offset = next_offset
         self.dedup_window_ms = dedup_window_ms
         self._writes: dict[bytes, bytes | None] = {}
-        self._outputs: list[_Output] = []
+        self._outputs: list[Output] = []
         self._batch_started: float | None = None
         self._batch_commands = 0
 
@@ -128,21 +119,23 @@ class StreamTask:
         for event in handled.events:
             self._emit(events_topic, envelope.aggregate_id.encode(), event.encode(), headers=event.headers())
         if handled.aggregate is not None:
-            self._change(key, handled.aggregate.encode())
+            expires_at = handled.aggregate.expires_at
+            self._change(key, handled.aggregate.encode(), expires_at)
             expires_before = stored.expires_at if stored is not None else None
-            if handled.aggregate.expires_at != expires_before:
+            if expires_at != expires_before:
                 if expires_before is not None:
-                    self._change(expiry_key(expires_before, key), None)
-                if handled.aggregate.expires_at is not None:
-                    self._change(expiry_key(handled.aggregate.expires_at, key), b"")
+                    self._index(expiry_key(expires_before, key), None)
+                if expires_at is not None:
+                    self._index(expiry_key(expires_at, key), b"")
         self._record_outcome(handled.outcome)
 
     def _record_outcome(self, outcome: Outcome) -> None:
         value = outcome.encode()
         key = command_key(outcome.command_id)
+        expires_at = outcome.processed_at + self.dedup_window_ms
         self._emit(self.topics.results, outcome.command_id.encode(), value)
-        self._change(key, value)
-        self._change(expiry_key(outcome.processed_at + self.dedup_window_ms, key), b"")
+        self._change(key, value, expires_at)
+        self._index(expiry_key(expires_at, key), b"")
         COMMANDS.labels(outcome.aggregate_type, outcome.code or outcome.status.value).inc()
 
     def expire(self, now: int, limit: int) -> int:
@@ -162,7 +155,7 @@ class StreamTask:
                 key.startswith(AGGREGATE_PREFIX) and StoredAggregate.decode(current).expires_at != expires_at
             ):
                 self._change(key, None)
-            self._change(index_key, None)
+            self._index(index_key, None)
             expired += 1
         return expired
 
@@ -171,9 +164,16 @@ class StreamTask:
             return self._writes[key]
         return self.store.get(key)
 
-    def _change(self, key: bytes, value: bytes | None) -> None:
+    def _change(self, key: bytes, value: bytes | None, expires_at: int | None = None) -> None:
+        """A store write that the changelog carries; what expires says when, so that a
+        restore can rebuild the expiry index without an index record per command."""
         self._writes[key] = value
-        self._emit(self.topics.changelog, key, value, partition=self.partition)
+        headers = (expires_at_header(expires_at),) if expires_at is not None else ()
+        self._emit(self.topics.changelog, key, value, partition=self.partition, headers=headers)
+
+    def _index(self, key: bytes, value: bytes | None) -> None:
+        """A write to the store's local expiry index (rebuilt on restore, not in the changelog)."""
+        self._writes[key] = value
 
     def _emit(
         self,
@@ -181,22 +181,22 @@ class StreamTask:
         key: bytes | None,
         value: bytes | None,
         partition: int | None = None,
-        headers: list[tuple[str, bytes]] | None = None,
+        headers: Headers = (),
     ) -> None:
         # Every handled command and every expiry emits something: the batch starts here.
         if self._batch_started is None:
             self._batch_started = time.monotonic()
-        self._outputs.append(_Output(topic, key, value, partition, tuple(headers or ())))
+        self._outputs.append(Output(topic, key, value, partition, headers))
 
     def _dead_letter(self, record: ConsumerRecord[bytes, bytes], reason: str) -> None:
         log.warning("%s[%d]@%d to the DLQ: %s", record.topic, record.partition, record.offset, reason)
         DLQ_RECORDS.labels(record.topic).inc()
-        headers = [
+        headers = (
             ("esk-dlq-reason", reason.encode()[:1000]),
             ("esk-dlq-topic", record.topic.encode()),
             ("esk-dlq-partition", str(record.partition).encode()),
             ("esk-dlq-offset", str(record.offset).encode()),
-        ]
+        )
         self._emit(self.topics.dlq, record.key, record.value, partition=self.partition, headers=headers)
 
     # -- committing ----------------------------------------------------------------
@@ -208,21 +208,13 @@ class StreamTask:
             return
         started = time.monotonic()
         await self.producer.begin_transaction()
-        futures: list[asyncio.Future[Any]] = []
-        changelog_futures: list[asyncio.Future[Any]] = []
-        for out in self._outputs:
-            future = await self.producer.send(
-                out.topic, out.value, key=out.key, partition=out.partition, headers=list(out.headers)
-            )
-            futures.append(future)
-            if out.topic == self.topics.changelog:
-                changelog_futures.append(future)
-        await asyncio.gather(*futures)
+        last_offsets = await self.collector.send(self._outputs)
         await self.producer.send_offsets_to_transaction({self.input: self.next_offset}, self.group_id)
         await self.producer.commit_transaction()
         offsets = {}
-        if changelog_futures:
-            offsets[self.partition] = changelog_futures[-1].result().offset + 1
+        changelog_last = last_offsets.get(TopicPartition(self.topics.changelog, self.partition))
+        if changelog_last is not None:
+            offsets[self.partition] = changelog_last + 1
         self.store.write(self._writes, offsets)
         TRANSACTION_RECORDS.observe(len(self._outputs))
         COMMIT_SECONDS.observe(time.monotonic() - started)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import ConsumerRecord
 
+from app.protocol import EXPIRES_AT_HEADER, expiry_key
 from app.state.store import StateStore
 
 log = logging.getLogger(__name__)
@@ -48,8 +49,10 @@ async def restore(
     topic: str,
     partitions: Iterable[int],
     on_progress: Callable[[RestoreProgress], None] = lambda _p: None,
+    expiry_index: bool = False,
 ) -> dict[int, RestoreProgress]:
-    """Apply every committed changelog record the store has not seen yet.
+    """Apply every committed changelog record the store has not seen yet; with
+    `expiry_index`, also rebuild the store's local expiry index from the records' headers.
 
     `consumer` must be read_committed, without a group, and is used for these partitions only.
     """
@@ -70,7 +73,7 @@ async def restore(
     pending = {tp for tp in tps if progress[tp.partition].total > 0}
     while pending:
         batches = await consumer.getmany(*pending, timeout_ms=500, max_records=WRITE_BATCH_RECORDS)
-        updates = changelog_updates(batches)
+        updates = changelog_updates(batches, expiry_index)
         offsets: dict[int, int] = {}
         for tp, records in batches.items():
             progress[tp.partition].restored += len(records)
@@ -95,12 +98,20 @@ class StaleStoreError(RuntimeError):
     pass
 
 
-def changelog_updates(batches: Mapping[TopicPartition, list[ConsumerRecord[bytes, bytes]]]) -> dict[bytes, bytes | None]:
+def changelog_updates(
+    batches: Mapping[TopicPartition, list[ConsumerRecord[bytes, bytes]]], expiry_index: bool = False
+) -> dict[bytes, bytes | None]:
     """The store writes a batch of changelog records amounts to: the last value per key wins,
-    a tombstone (None) deletes."""
+    a tombstone (None) deletes. An index entry left behind by a later change of the expiry
+    is harmless: the sweep checks what it points at before deleting anything."""
     updates: dict[bytes, bytes | None] = {}
     for records in batches.values():
         for record in records:
-            if record.key is not None:
-                updates[record.key] = record.value
+            if record.key is None:
+                continue
+            updates[record.key] = record.value
+            if expiry_index and record.headers:
+                for name, value in record.headers:
+                    if name == EXPIRES_AT_HEADER:
+                        updates[expiry_key(int(value), record.key)] = b""
     return updates
