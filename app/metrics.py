@@ -16,6 +16,12 @@ RESTORE_RECORDS = Counter("esk_restore_records_total", "Changelog records restor
 RESTORE_REMAINING = Gauge("esk_restore_remaining_records", "Changelog records left to restore", ["role", "partition"])
 RESTORE_RATE = Gauge("esk_restore_records_per_second", "Rate of the latest restore", ["role", "partition"])
 ACTIVE_TASKS = Gauge("esk_active_tasks", "Partitions this processor owns")
+STANDBY_TASKS = Gauge("esk_standby_tasks", "Partitions this processor keeps a warm standby copy of")
+REVOKE_SECONDS = Histogram(
+    "esk_revoke_seconds",
+    "Time to give up revoked partitions (final commit, stores and producers closed)",
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
+)
 STORE_MEMORY = Gauge("esk_rocksdb_cache_bytes", "RocksDB shared cache usage (blocks + memtables)", ["role"])
 HTTP_OUTCOME_TIMEOUTS = Counter("esk_http_outcome_timeouts_total", "Commands answered 503: no outcome in time")
 EXPIRED = Counter("esk_expired_entries_total", "Store entries deleted by TTL (aggregates and de-duplication entries)")

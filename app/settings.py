@@ -70,6 +70,9 @@ class ProcessorSettings(BaseModel):
     expiry_interval_s: float = 10.0
     expiry_batch: int = 1000
     memory_budget_mb: int = 256
+    # Warm copies of each partition kept by other processors (following the changelog),
+    # so that a failover replays only the tail. Needs at least 1 + N processors to matter.
+    standby_replicas: int = 0
     transaction_timeout_ms: int = 60_000
     session_timeout_ms: int = 10_000
     max_poll_interval_ms: int = 300_000

@@ -7,6 +7,10 @@ transaction protocol, so that id is what fences a zombie: the next owner's
 init_transactions aborts whatever the previous owner left open, and the previous owner's
 next transactional request fails with ProducerFenced.
 
+Assignment is ours (StandbyAssignor): sticky, and a partition that must move goes to the
+member with the warmest copy of its store. With `standby_replicas`, members keep such
+copies (StandbyTasks) of partitions they do not own.
+
 A newly assigned partition is paused until its task is ready (producer initialised,
 store restored from the changelog, position set to the committed offset). Commands for
 it wait in Kafka meanwhile; they are neither rejected nor lost.
@@ -21,20 +25,31 @@ from collections.abc import Callable
 from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from aiokafka.errors import ProducerFenced
 
 from app.kafka.client_options import client_options
 from app.kafka.reader import committed_reader
 from app.kafka.topics import TopicNames
-from app.metrics import ACTIVE_TASKS, EXPIRED, RESTORE_RATE, RESTORE_RECORDS, RESTORE_REMAINING, STORE_MEMORY
+from app.metrics import (
+    ACTIVE_TASKS,
+    EXPIRED,
+    RESTORE_RATE,
+    RESTORE_RECORDS,
+    RESTORE_REMAINING,
+    REVOKE_SECONDS,
+    STORE_MEMORY,
+)
+from app.processing.assignor import StandbyAssignor
 from app.processing.record_collector import MAX_BATCH_BYTES
+from app.processing.standby import StandbyTasks
 from app.processing.stream_task import StreamTask
 from app.protocol import now_ms
 from app.registry import Registry
 from app.settings import Settings
 from app.state.resources import StoreResources
 from app.state.restore import RestoreProgress, StaleStoreError, restore
-from app.state.store import RocksDBStore
+from app.state.store import RocksDBStore, open_store
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +77,8 @@ class Processor:
         self._on_restore_progress = on_restore_progress
         self.restores: dict[int, RestoreProgress] = {}
         self._last_expiry = time.monotonic()
+        self.standbys = StandbyTasks(settings, self.topics.changelog, self.resources, self.store_path)
+        self.assignor = StandbyAssignor(self.topics.commands, settings.processor.standby_replicas, self._warm_copies)
 
     @property
     def ready(self) -> bool:
@@ -80,9 +97,15 @@ class Processor:
             heartbeat_interval_ms=max(p.session_timeout_ms // 4, 500),
             max_poll_interval_ms=p.max_poll_interval_ms,
             max_partition_fetch_bytes=4 * 1024 * 1024,
+            # round robin only while a group still has members of a version without ours
+            partition_assignment_strategy=(self.assignor, RoundRobinPartitionAssignor),
         )
         consumer.subscribe([self.topics.commands], listener=_RebalanceListener(self))
         self._consumer = consumer  # the rebalance listener may run inside start()
+        standbys_stop = asyncio.Event()
+        standbys = None
+        if self.settings.processor.standby_replicas > 0:
+            standbys = asyncio.create_task(self.standbys.run(standbys_stop), name="standbys")
         await consumer.start()
         try:
             while not stop.is_set():
@@ -90,6 +113,7 @@ class Processor:
             async with self._lock:
                 await self._commit_due(list(self.tasks.values()))
         finally:
+            standbys_stop.set()
             starting = list(self._starting.values())
             for task in starting:
                 task.cancel()
@@ -98,6 +122,8 @@ class Processor:
             async with self._lock:
                 for partition in list(self.tasks):
                     await self._close_task(partition, commit=False)
+            if standbys is not None:
+                await standbys
             self._consumer = None
 
     async def _poll_once(self, consumer: AIOKafkaConsumer) -> None:
@@ -154,8 +180,24 @@ class Processor:
 
     # -- assignment ----------------------------------------------------------------
 
+    def store_path(self, partition: int) -> Path:
+        return self.state_dir / f"{self.topics.commands}-{partition}"
+
+    def _warm_copies(self) -> dict[int, int]:
+        """What this member tells the group leader it has: its standby copies with their
+        changelog offsets, and any other store left on disk (offset unknown: 0)."""
+        prefix = f"{self.topics.commands}-"
+        on_disk = {
+            int(path.name[len(prefix):]): 0
+            for path in (self.state_dir.iterdir() if self.state_dir.is_dir() else ())
+            if path.name.startswith(prefix) and path.name[len(prefix):].isdigit()
+        }
+        return on_disk | self.standbys.offsets()
+
     async def _on_assigned(self, assigned: set[TopicPartition]) -> None:
         assert self._consumer is not None
+        # Standby copies that turned active are closed first: the active task opens the same store.
+        await self.standbys.assign(self.assignor.standby - {tp.partition for tp in assigned})
         for tp in assigned:
             self._assigned.add(tp.partition)
             if tp.partition not in self.tasks and tp.partition not in self._starting:
@@ -163,6 +205,7 @@ class Processor:
                 self._start(tp.partition)
 
     async def _on_revoked(self, revoked: set[TopicPartition]) -> None:
+        started = time.monotonic()
         async with self._lock:
             for tp in revoked:
                 self._assigned.discard(tp.partition)
@@ -171,6 +214,10 @@ class Processor:
                     starting.cancel()
                 if tp.partition in self.tasks:
                     await self._close_task(tp.partition, commit=True)
+        elapsed = time.monotonic() - started
+        REVOKE_SECONDS.observe(elapsed)
+        if revoked:
+            log.info("gave up partitions %s in %.3fs", sorted(tp.partition for tp in revoked), elapsed)
 
     def _start(self, partition: int) -> None:
         self._starting[partition] = asyncio.create_task(self._start_task(partition), name=f"start-{partition}")
@@ -239,8 +286,8 @@ class Processor:
             raise
 
     async def _open_restored_store(self, partition: int) -> RocksDBStore:
-        path = self.state_dir / f"{self.topics.commands}-{partition}"
-        store = await _open_store(path, self.resources)
+        path = self.store_path(partition)
+        store = await open_store(path, self.resources)
         reader = committed_reader(self.settings, f"{self.group_id}-restore-{partition}")
         await reader.start()
         try:
@@ -250,7 +297,7 @@ class Processor:
                 log.warning("partition %d: %s; rebuilding the store", partition, error)
                 store.close()
                 RocksDBStore.destroy(path)
-                store = await _open_store(path, self.resources)
+                store = await open_store(path, self.resources)
                 progress = await restore(reader, store, self.topics.changelog, [partition], self._progress, expiry_index=True)
             self.restores[partition] = progress[partition]
             RESTORE_RECORDS.labels("processor").inc(progress[partition].restored)
@@ -280,18 +327,6 @@ class Processor:
             except Exception as error:  # fenced or failed: the next owner redoes the batch
                 log.warning("partition %d: final commit failed (%r); the next owner redoes it", partition, error)
         await task.close()
-
-
-async def _open_store(path: Path, resources: StoreResources) -> RocksDBStore:
-    """A store that moved away from this process a moment ago may still be closing."""
-    for attempt in range(50):
-        try:
-            return RocksDBStore(path, resources)
-        except Exception as error:  # noqa: BLE001
-            if "lock" not in str(error).lower() or attempt == 49:
-                raise
-            await asyncio.sleep(0.1)
-    raise AssertionError("unreachable")
 
 
 class _RebalanceListener(ConsumerRebalanceListener):  # type: ignore[misc]

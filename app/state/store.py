@@ -7,6 +7,7 @@ resumes exactly there.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import shutil
 import struct
@@ -104,3 +105,16 @@ class RocksDBStore(StateStore):
     @staticmethod
     def destroy(path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
+
+
+async def open_store(path: Path, resources: StoreResources) -> RocksDBStore:
+    """Open a store, waiting while another task of this process still closes it (a
+    partition that moves between a standby and an active task, or away and back)."""
+    for attempt in range(50):
+        try:
+            return RocksDBStore(path, resources)
+        except Exception as error:  # noqa: BLE001 - rocksdict raises plain Exception
+            if "lock" not in str(error).lower() or attempt == 49:
+                raise
+            await asyncio.sleep(0.1)
+    raise AssertionError("unreachable")

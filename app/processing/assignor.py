@@ -1,0 +1,141 @@
+"""Who owns which commands partition, and who keeps a warm standby copy of it.
+
+The group leader runs `plan` on what every member reported when it joined: the
+partitions it owned in the previous generation and the changelog offsets of the stores
+it keeps warm. The plan is balanced (every member owns ⌊n/m⌋ or ⌈n/m⌉ partitions) and
+moves as little state as it can: a partition stays with its previous owner; otherwise
+it goes to the member whose copy is furthest along the changelog; only then to the
+least loaded member, which must restore it. Each partition then gets up to
+`standby_replicas` standbys on other members that keep standbys themselves, warm ones
+first.
+
+The standby partitions travel to each member in the assignment's user_data; members
+without standby replicas configured simply get none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+import orjson
+from aiokafka.cluster import ClusterMetadata
+from aiokafka.coordinator.assignors.abstract import AbstractPartitionAssignor
+from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment, ConsumerProtocolMemberMetadata
+
+_VERSION = 1
+
+
+@dataclass
+class MemberState:
+    """What a member reports when it joins."""
+
+    owned: set[int] = field(default_factory=set)
+    warm: dict[int, int] = field(default_factory=dict)  # partition -> changelog offset of its copy
+    standby_replicas: int = 0
+
+    def encode(self) -> bytes:
+        return orjson.dumps(
+            {"owned": sorted(self.owned), "warm": {str(p): o for p, o in self.warm.items()}, "standby_replicas": self.standby_replicas}
+        )
+
+    @classmethod
+    def decode(cls, data: bytes) -> MemberState:
+        try:
+            raw = orjson.loads(data) if data else {}
+            return cls(
+                set(raw.get("owned", [])),
+                {int(p): int(o) for p, o in raw.get("warm", {}).items()},
+                int(raw.get("standby_replicas", 0)),
+            )
+        except (orjson.JSONDecodeError, TypeError, ValueError, AttributeError):
+            return cls()  # a member that reports nothing usable gets a plain, cold share
+
+
+@dataclass
+class MemberPlan:
+    active: list[int] = field(default_factory=list)
+    standby: list[int] = field(default_factory=list)
+
+
+def plan(partitions: Iterable[int], members: Mapping[str, MemberState], standby_replicas: int) -> dict[str, MemberPlan]:
+    ids = sorted(members)
+    result = {member: MemberPlan() for member in ids}
+    if not ids:
+        return result
+    ordered = sorted(partitions)
+    floor, extra = divmod(len(ordered), len(ids))
+
+    def has_room(member: str) -> bool:
+        held = len(result[member].active)
+        at_ceiling = sum(1 for m in ids if len(result[m].active) > floor)
+        return held < floor or (held == floor and at_ceiling < extra)
+
+    def warmth(member: str, partition: int) -> int:
+        return members[member].warm.get(partition, -1)
+
+    owner: dict[int, str] = {}
+    for partition in ordered:  # stay where it was
+        previous = [m for m in ids if partition in members[m].owned and has_room(m)]
+        if previous:
+            # two claimants means one is a zombie of an older generation: the warmer one wins
+            owner[partition] = max(previous, key=lambda m: warmth(m, partition))
+            result[owner[partition]].active.append(partition)
+    for partition in ordered:  # else the warmest copy, else the least loaded member
+        if partition in owner:
+            continue
+        candidates = [m for m in ids if has_room(m)]
+        owner[partition] = max(candidates, key=lambda m: (warmth(m, partition), -len(result[m].active)))
+        result[owner[partition]].active.append(partition)
+
+    # Only members that run with standby replicas configured keep copies for others.
+    keepers = [m for m in ids if members[m].standby_replicas > 0]
+    for partition in ordered:
+        others = [m for m in keepers if m != owner[partition]]
+        others.sort(key=lambda m: (-warmth(m, partition), len(result[m].standby)))
+        for member in others[:standby_replicas]:
+            result[member].standby.append(partition)
+    return result
+
+
+class StandbyAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
+    """aiokafka's side of `plan`. aiokafka calls these on the instance it was given."""
+
+    name = "esk-standby"
+    version = 0
+
+    def __init__(self, topic: str, standby_replicas: int, warm: Callable[[], dict[int, int]]) -> None:
+        self.topic = topic
+        self.standby_replicas = standby_replicas
+        self._warm = warm
+        self.owned: set[int] = set()
+        self.standby: set[int] = set()
+
+    def metadata(self, topics: Iterable[str]) -> ConsumerProtocolMemberMetadata:  # type: ignore[override]
+        state = MemberState(set(self.owned), self._warm(), self.standby_replicas)
+        return ConsumerProtocolMemberMetadata(self.version, list(topics), state.encode())
+
+    def assign(  # type: ignore[override]
+        self, cluster: ClusterMetadata, members: Mapping[str, ConsumerProtocolMemberMetadata]
+    ) -> dict[str, ConsumerProtocolMemberAssignment]:
+        partitions = cluster.partitions_for_topic(self.topic) or set()
+        states = {member: MemberState.decode(meta.user_data) for member, meta in members.items()}
+        # Copies per partition: the largest count any member asks for, so a rolling change
+        # of the setting takes effect as members restart with it.
+        replicas = max((s.standby_replicas for s in states.values()), default=0)
+        plans = plan(partitions, states, replicas)
+        return {
+            member: ConsumerProtocolMemberAssignment(
+                self.version,
+                [(self.topic, sorted(p.active))] if p.active else [],
+                orjson.dumps({"standby": sorted(p.standby)}),
+            )
+            for member, p in plans.items()
+        }
+
+    def on_assignment(self, assignment: ConsumerProtocolMemberAssignment) -> None:  # type: ignore[override]
+        self.owned = {tp.partition for tp in assignment.partitions() if tp.topic == self.topic}
+        try:
+            self.standby = set(orjson.loads(assignment.user_data).get("standby", [])) - self.owned
+        except (orjson.JSONDecodeError, AttributeError, TypeError):
+            self.standby = set()

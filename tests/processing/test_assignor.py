@@ -1,0 +1,90 @@
+"""The assignment plan, without Kafka: balanced, sticky, warm copies first, standbys apart
+from the owner; and the plan's trip through the group protocol's bytes."""
+
+from __future__ import annotations
+
+from aiokafka.cluster import ClusterMetadata
+from aiokafka.coordinator.protocol import ConsumerProtocol
+
+from app.processing.assignor import MemberState, StandbyAssignor, plan
+
+
+def actives(result: dict[str, object]) -> dict[str, list[int]]:
+    return {m: p.active for m, p in result.items()}  # type: ignore[attr-defined]
+
+
+def test_every_partition_has_one_owner_and_shares_differ_by_at_most_one() -> None:
+    for members in range(1, 8):
+        for partitions in range(0, 13):
+            result = plan(range(partitions), {f"m{i}": MemberState() for i in range(members)}, 0)
+            owned = sorted(p for r in result.values() for p in r.active)
+            assert owned == list(range(partitions))
+            sizes = [len(r.active) for r in result.values()]
+            assert max(sizes) - min(sizes) <= 1
+
+
+def test_a_joining_member_takes_only_what_balance_requires_and_owners_keep_the_rest() -> None:
+    members = {"a": MemberState(owned={0, 1, 2, 3, 4, 5}), "b": MemberState()}
+    result = plan(range(6), members, 0)
+    assert result["a"].active == [0, 1, 2] and result["b"].active == [3, 4, 5]
+
+    members = {"a": MemberState(owned={0, 2, 4}), "b": MemberState(owned={1, 3, 5}), "c": MemberState()}
+    result = plan(range(6), members, 0)
+    assert set(result["a"].active) < {0, 2, 4} and set(result["b"].active) < {1, 3, 5}
+    assert len(result["c"].active) == 2
+
+
+def test_a_partition_that_must_move_goes_to_the_warmest_copy() -> None:
+    # "a" left; its partitions 0..2 go where warm copies are, the furthest along first
+    members = {
+        "b": MemberState(owned={3, 4}, warm={0: 500, 1: 10}),
+        "c": MemberState(owned={5}, warm={0: 400, 1: 900, 2: 7}),
+    }
+    result = plan(range(6), members, 0)
+    assert 0 in result["b"].active and 1 in result["c"].active and 2 in result["c"].active
+
+
+def test_standbys_sit_on_other_members_that_keep_standbys_warm_ones_first() -> None:
+    members = {
+        "a": MemberState(owned={0, 1}, standby_replicas=1),
+        "b": MemberState(owned={2, 3}, warm={0: 50}, standby_replicas=1),
+        "c": MemberState(owned={4, 5}, warm={0: 90}, standby_replicas=1),
+        "d": MemberState(),  # no standby replicas configured: keeps none
+    }
+    result = plan(range(6), members, 1)
+    for member, p in result.items():
+        assert not set(p.active) & set(p.standby)
+    assert result["d"].standby == []
+    standbys = sorted(p for m in "abc" for p in result[m].standby)
+    assert standbys == list(range(6))  # one standby each, d's partitions too
+    assert 0 in result["c"].standby  # the warmest copy stays the standby
+
+    two = plan(range(4), {m: MemberState(standby_replicas=2) for m in "xyz"}, 2)
+    for partition in range(4):
+        holders = [m for m, p in two.items() if partition in p.standby]
+        assert len(holders) == 2 and not any(partition in two[m].active for m in holders)
+
+
+def test_the_assignor_round_trips_through_the_group_protocol() -> None:
+    topic = "app.commands"
+    assignors = {
+        name: StandbyAssignor(topic, standby_replicas=1, warm=lambda: {1: 42}) for name in ("m1", "m2")
+    }
+    metadata = {
+        name: ConsumerProtocol.METADATA.decode(a.metadata([topic]).encode()) for name, a in assignors.items()
+    }
+    assert MemberState.decode(metadata["m1"].user_data) == MemberState(set(), {1: 42}, 1)
+
+    cluster = ClusterMetadata()
+    cluster.partitions_for_topic = lambda t: {0, 1, 2, 3} if t == topic else None  # type: ignore[method-assign]
+    assignments = assignors["m1"].assign(cluster, metadata)
+    for name, assignment in assignments.items():
+        assignors[name].on_assignment(ConsumerProtocol.ASSIGNMENT.decode(assignment.encode()))
+    owned = [assignors[n].owned for n in ("m1", "m2")]
+    assert owned[0] | owned[1] == {0, 1, 2, 3} and not owned[0] & owned[1]
+    assert assignors["m1"].standby == owned[1] and assignors["m2"].standby == owned[0]
+
+
+def test_unreadable_member_data_gets_a_cold_share() -> None:
+    assert MemberState.decode(b"\x00garbage") == MemberState()
+    assert MemberState.decode(b"") == MemberState()

@@ -1,0 +1,68 @@
+"""Standby replicas: a processor keeps warm copies of the partitions another owns, and
+takes them over with (almost) nothing to restore. Without standbys the same failover
+replays the partitions' whole changelog: the contrast is the point."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from app.kafka.topics import ensure_topics, topic_specs
+from app.registry import load_registry
+from app.settings import Settings
+from tests.system import RunningProcessor, api, processor, wait_for, with_state_dirs
+
+pytestmark = pytest.mark.kafka
+
+
+def _caught_up(standby: RunningProcessor, active: RunningProcessor) -> bool:
+    """The standby's copies are at the offsets the active's stores have written."""
+    copies = standby.processor.standbys.offsets()
+    owned = {p: t.store.changelog_offsets().get(p, 0) for p, t in active.processor.tasks.items()}
+    return bool(owned) and copies == owned
+
+
+@pytest.mark.parametrize("standby_replicas", [0, 1])
+async def test_failover_replays_only_what_no_standby_kept(settings: Settings, standby_replicas: int) -> None:
+    settings = settings.model_copy(
+        update={"processor": settings.processor.model_copy(update={"standby_replicas": standby_replicas})}
+    )
+    registry = load_registry(settings.domain)
+    await ensure_topics(settings, topic_specs(settings, registry))
+    accounts = [f"s{n}-{uuid.uuid4().hex[:4]}" for n in range(12)]
+    partitions = set(range(settings.topics.partitions))
+    async with api(with_state_dirs(settings, "a0"), registry) as client:
+        async with processor(with_state_dirs(settings, "p0"), registry) as first:
+            for account in accounts:
+                assert (await client.post(f"/v1/accounts/{account}/open", json={"owner": "o"})).status_code == 200
+            async with processor(with_state_dirs(settings, "p1"), registry) as second:
+                await wait_for(
+                    lambda: first.processor.ready and second.processor.ready
+                    and set(first.processor.tasks) | set(second.processor.tasks) == partitions,
+                    what="both processors own partitions",
+                )
+                for account in accounts:  # live traffic the standbys must follow
+                    r = await client.post(f"/v1/accounts/{account}/deposit", json={"amount": 5})
+                    assert r.status_code == 200 and r.json()["version"] == 2
+                moved = set(first.processor.tasks)
+                if standby_replicas:
+                    assert second.processor.standbys.partitions == moved
+                    await wait_for(lambda: _caught_up(second, first), what="standby copies caught up")
+                else:
+                    assert second.processor.standbys.partitions == set()
+
+                await first.shutdown()
+                await wait_for(
+                    lambda: second.processor.ready and set(second.processor.tasks) == partitions,
+                    what="the survivor owns every partition",
+                )
+                replayed = sum(second.processor.restores[p].restored for p in moved)
+                if standby_replicas:
+                    assert replayed == 0
+                else:
+                    assert replayed > 0  # the whole changelog of `moved`, from the beginning
+                for account in accounts:  # and the state it took over is the right one
+                    r = await client.post(f"/v1/accounts/{account}/deposit", json={"amount": 1})
+                    assert r.status_code == 200 and r.json()["version"] == 3
+                    assert (await client.get(f"/v1/accounts/{account}")).json()["state"]["balance"] == 6
