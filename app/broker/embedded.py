@@ -224,8 +224,7 @@ class EmbeddedBroker:
                 classpath,
                 "kafka.tools.StorageTool",
                 "format",
-                "--cluster-id",
-                cluster_id,
+                f"--cluster-id={cluster_id}",  # one glued argument: an id may start with "-"
                 "--config",
                 str(self.properties_file),
                 "--ignore-formatted",

@@ -101,7 +101,10 @@ async def test_a_wrong_partition_count_or_policy_is_reported(settings: Settings)
     assert report.problems == [f"{changelog} has cleanup.policy=compact, expected delete"]
 
 
-def test_broker_restart_keeps_data_and_status_follows(tmp_path: Path) -> None:
+def test_broker_restart_keeps_data_and_status_follows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a cluster id that starts with "-" (1 in 64 random ids) must not read as an option
+    leading_dash = uuid.UUID(bytes=b"\xf8" + bytes(15))
+    monkeypatch.setattr("app.broker.embedded.uuid.uuid4", lambda: leading_dash)
     embedded = EmbeddedBroker(BrokerSettings(port=free_port_pair(), data_dir=tmp_path / "b"))
     assert not embedded.status().running
     embedded.start()
