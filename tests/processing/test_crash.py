@@ -29,10 +29,6 @@ async def test_sigkill_under_load_loses_and_duplicates_nothing(settings: Setting
     )
     print(verdict.notes)
     assert verdict.acknowledged > 100
-    assert verdict.missing_outcomes == 0
-    assert verdict.duplicate_outcomes == 0
-    assert verdict.version_gaps_or_duplicates == 0
-    assert verdict.events_not_matching_outcomes == 0
-    assert verdict.state_mismatches == 0
-    assert verdict.dlq == 0
-    assert verdict.ok
+    # no missing or duplicate outcome, version gap, event without its outcome, state
+    # mismatch or DLQ record
+    assert verdict.ok, vars(verdict)

@@ -57,12 +57,9 @@ async def test_processors_joining_and_leaving_under_load_lose_and_duplicate_noth
         verdict = await verify(settings, api_url, load.acknowledged)
         print(verdict.notes)
         assert verdict.acknowledged > 500
-        assert verdict.missing_outcomes == 0
-        assert verdict.duplicate_outcomes == 0
-        assert verdict.version_gaps_or_duplicates == 0
-        assert verdict.events_not_matching_outcomes == 0
-        assert verdict.state_mismatches == 0
-        assert verdict.dlq == 0
+        # no missing or duplicate outcome, version gap, event without its outcome, state
+        # mismatch or DLQ record
+        assert verdict.ok, vars(verdict)
 
         revokes = revoke_times([p0, p1, p2])
         print(f"{len(revokes)} revokes, longest {max(revokes):.3f}s")
