@@ -53,8 +53,10 @@ class RecordCollector:
         builders: dict[TopicPartition, Any] = {}
         counts: dict[TopicPartition, int] = {}
         sent: list[tuple[TopicPartition, int, asyncio.Future[Any]]] = []
+        for topic in {out.topic for out in outputs if out.partition is None} - set(self._partition_counts):
+            self._partition_counts[topic] = len(await self.producer.partitions_for(topic))
         for out in outputs:
-            tp = TopicPartition(out.topic, await self._partition(out))
+            tp = TopicPartition(out.topic, self._partition(out))
             builder = builders.get(tp)
             if builder is None or not _append(builder, out):
                 if builder is not None:  # full: off it goes
@@ -72,15 +74,12 @@ class RecordCollector:
             last[tp] = max(last.get(tp, -1), future.result().offset + count - 1)
         return last
 
-    async def _partition(self, out: Output) -> int:
+    def _partition(self, out: Output) -> int:
         if out.partition is not None:
             return out.partition
         if out.key is None:
             raise ValueError(f"a record for {out.topic} needs a key or a partition")
-        count = self._partition_counts.get(out.topic)
-        if count is None:
-            count = self._partition_counts[out.topic] = len(await self.producer.partitions_for(out.topic))
-        return _partition_for(out.key, count)
+        return _partition_for(out.key, self._partition_counts[out.topic])
 
 
 def _append(builder: Any, out: Output) -> bool:
