@@ -1,5 +1,6 @@
-"""Real esk processes for harnesses: `esk api` and `esk processor` as child processes,
-each with its own state directory, metrics port and log file."""
+"""Real esk processes for harnesses: `esk api`, `esk processor` and `esk project run` as
+child processes, each with its own state directory, port and log file; and fresh
+applications (their own topics) on a running broker."""
 
 from __future__ import annotations
 
@@ -10,21 +11,25 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.broker.ports import free_port
+from app.kafka.topics import ensure_topics, topic_specs
+from app.registry import load_registry
 from app.settings import Settings
 
 
 @dataclass
 class EskProcess:
-    role: str  # "api" or "processor"
+    role: str  # "api", "processor" or "project"
     name: str
     env: dict[str, str]
     log_path: Path
-    port: int
+    port: int  # HTTP or metrics; 0 for a process that serves none
+    args: tuple[str, ...] = ()
     process: subprocess.Popen[bytes] | None = None
     starts: int = 0
 
@@ -34,7 +39,7 @@ class EskProcess:
         log.write(f"\n=== start {self.starts} ===\n".encode())
         log.flush()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", self.role], env=self.env, stdout=log, stderr=subprocess.STDOUT
+            [sys.executable, "-m", "app.cli", self.role, *self.args], env=self.env, stdout=log, stderr=subprocess.STDOUT
         )
 
     def signal(self, sig: signal.Signals) -> None:
@@ -54,6 +59,15 @@ class EskProcess:
             self.process.wait(timeout_s)
         except subprocess.TimeoutExpired:
             self.kill()
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None, f"{self.name} was never started"
+        return self.process.pid
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
 
     @property
     def alive(self) -> bool:
@@ -91,6 +105,7 @@ class Cluster:
                 "ESK_KAFKA__BOOTSTRAP_SERVERS": self.settings.bootstrap_servers,
                 "ESK_TOPICS__PARTITIONS": str(self.settings.topics.partitions),
                 "ESK_LOG_LEVEL": "INFO",
+                "PYTHONUNBUFFERED": "1",  # a log that is complete up to the instant the process ends
                 "ESK_DOMAIN": self.settings.domain,
                 **extra,
             }
@@ -113,14 +128,44 @@ class Cluster:
         env = self._env({"ESK_API__STATE_DIR": str(self.workdir / name), "ESK_API__PORT": str(port), **settings})
         return self._add(EskProcess("api", name, env, self.workdir / f"{name}.log", port))
 
+    def projection(self, name: str, read_model: str, **settings: str) -> EskProcess:
+        """`esk project run READ_MODEL --continuous`. Stopping it (SIGTERM) is safe: every
+        batch's Delta writes are idempotent and the next run goes on from the checkpoint."""
+        env = self._env(settings)
+        args = ("run", read_model, "--continuous")
+        return self._add(EskProcess("project", name, env, self.workdir / f"{name}.log", 0, args))
+
     def _add(self, process: EskProcess) -> EskProcess:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.processes.append(process)
         return process
 
+    def start_all(self, timeout_s: float = 120) -> None:
+        """Start every process not running yet; return once each API answers /readyz and the
+        processors own every partition between them."""
+        for process in self.processes:
+            if not process.alive:
+                process.start()
+        for api in (p for p in self.processes if p.role == "api"):
+            wait_until(lambda api=api: api_ready(api.url), timeout_s, f"{api.name} to be ready")  # type: ignore[misc]
+        processors = [p for p in self.processes if p.role == "processor"]
+        partitions = self.settings.topics.partitions
+        wait_until(lambda: sum(p.metric("esk_active_tasks") or 0 for p in processors) >= partitions * bool(processors),
+                   timeout_s, "the processors to own every partition")
+
     def stop_all(self) -> None:
         for process in self.processes:
             process.stop()
+
+
+async def new_app(settings: Settings, suffix: str, **updates: Any) -> Settings:
+    """A fresh application on the same broker (`<app><suffix>`): its own topics, groups and
+    state, so a workload neither sees nor disturbs another's records."""
+    fresh = settings.model_copy(update={"app": f"{settings.app}{suffix}", **updates})
+    report = await ensure_topics(fresh, topic_specs(fresh, load_registry(fresh.domain)))
+    if report.problems:
+        raise RuntimeError(report.problems)
+    return fresh
 
 
 def api_ready(api_url: str) -> bool:

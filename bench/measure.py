@@ -1,12 +1,17 @@
-"""Measuring esk processes from outside: drain time, readiness, RSS, metric histograms."""
+"""Measuring esk processes from outside: drain time, readiness, RSS, metric histograms, and
+percentiles of measured samples."""
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import httpx
+from aiokafka.errors import GroupCoordinatorNotAvailableError
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -49,7 +54,11 @@ async def drain(
             run.ready_after_s = now - run.started
         if now >= next_lag_check:
             next_lag_check = now + 0.5
-            if await committed_lag(settings, group, topic) == 0:
+            try:
+                lag = await committed_lag(settings, group, topic)
+            except GroupCoordinatorNotAvailableError:  # a young broker has no coordinator yet
+                continue
+            if lag == 0:
                 run.drained_after_s = now - run.started
                 return run
     raise TimeoutError(f"{process.name} did not drain {topic} in {timeout_s:.0f}s")
@@ -64,6 +73,31 @@ async def until_ready(process: EskProcess, partitions: int, timeout_s: float) ->
             return time.perf_counter() - started
         await asyncio.sleep(0.02)
     raise TimeoutError(f"{process.name} not ready in {timeout_s:.0f}s")
+
+
+@contextmanager
+def cpu_cores(pids: dict[str, int]) -> Iterator[dict[str, float]]:
+    """The cores each process used (CPU seconds per second) while the block ran; the dict
+    is filled in when the block ends."""
+
+    def cpu(pid: int) -> float:
+        times = psutil.Process(pid).cpu_times()
+        return times.user + times.system
+
+    before = {name: cpu(pid) for name, pid in pids.items()}
+    started = time.perf_counter()
+    cores: dict[str, float] = {}
+    yield cores
+    elapsed = time.perf_counter() - started
+    cores.update({name: (cpu(pid) - before[name]) / elapsed for name, pid in pids.items()})
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The nearest-rank q-quantile (0 < q <= 1) of `values`; NaN when there are none."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
 def histogram_quantile(process: EskProcess, name: str, q: float) -> float | None:

@@ -12,7 +12,8 @@ from pathlib import Path
 import psutil
 
 from app.settings import Settings
-from bench.workload import committed_lag
+from app.kafka.topics import TopicSpec, ensure_topics
+from bench.workload import committed_lag, end_offsets
 
 
 @dataclass
@@ -24,6 +25,10 @@ class PeerRun:
 
 async def run_quix(settings: Settings, workdir: Path, topic: str, records: int, partitions: int) -> PeerRun:
     group = f"{settings.app}.quix"
+    # The peer's outputs exist before it starts, so that its first output can be seen: that
+    # is when it started processing (its first commit may come only once it is done).
+    outputs = [f"{settings.app}.quix.{name}" for name in ("events", "results")]
+    await ensure_topics(settings, [TopicSpec(name, partitions, 1, {}) for name in outputs])
     log = open(workdir / "quix.log", "wb")  # noqa: SIM115 - the child owns it
     started = time.perf_counter()
     child = subprocess.Popen(
@@ -39,10 +44,10 @@ async def run_quix(settings: Settings, workdir: Path, topic: str, records: int, 
             if child.poll() is not None:
                 raise RuntimeError(f"the Quix Streams peer exited; see {workdir / 'quix.log'}")
             rss.append(ps.memory_info().rss)
+            if first_progress is None and sum((await end_offsets(settings, outputs[1])).values()) > 0:
+                first_progress = time.perf_counter()
             lag = await committed_lag(settings, group, topic)
             now = time.perf_counter()
-            if first_progress is None and lag < records:
-                first_progress = now
             if lag == 0:
                 assert first_progress is not None
                 return PeerRun(first_progress - started, now - first_progress, max(rss) / 2**20)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import psutil
 
 if TYPE_CHECKING:
-    from bench.run import Report
+    from bench.results import Report
 
 
 def _version(package: str) -> str:
@@ -36,6 +36,7 @@ def write(report: Report, ratios: list[tuple[str, float | None, str]], docs: Pat
         f"- {platform.platform()}, {os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB",
         f"- Python {platform.python_version()}; Apache Kafka 4.3.1 (embedded, KRaft, one node)",
         "- " + ", ".join(f"{p} {_version(p)}" for p in ("aiokafka", "rocksdict", "confluent-kafka", "quixstreams")),
+        "- " + ", ".join(f"{p} {_version(p)}" for p in ("fastapi", "uvicorn", "aiohttp", "pyspark", "delta-spark", "deltalake")),
         "",
         f"## Results: {report.commands:,} commands over {report.accounts:,} accounts, {report.partitions} partitions",
         "",
@@ -51,6 +52,14 @@ def write(report: Report, ratios: list[tuple[str, float | None, str]], docs: Pat
         "",
         "C = ceilings (the clients and Kafka's own perf tools moving the same records with no processing).",
         "W1 = processor throughput, W3 = restart and restore, W5 = resident memory.",
+        "W2 = HTTP end to end: one API and one processor process, driven by a load generator process (aiohttp) "
+        "that runs on the same 2 cores; each request waits for its command's outcome. The saturation rate is a "
+        "closed loop; the latencies are an open loop at a fixed rate, counted from each request's scheduled "
+        "instant (no coordinated omission); refused commands (insufficient funds, stale versions) are answers, "
+        "not errors.",
+        "W4 = the customer_recent_orders projection (PySpark, local[2], into Delta Lake) over order events made by "
+        "the processor: the catch-up rate of `esk project run`, and the lag of `--continuous` from a command's "
+        "HTTP 200 to the Delta commit that shows its row.",
         "",
         f"![rates]({chart.name})",
         "",
@@ -64,7 +73,7 @@ def _chart(report: Report, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [r for r in report.rows if r.unit in ("records/s", "commands/s")]
+    rows = [r for r in report.rows if r.unit in ("records/s", "commands/s", "events/s")]
     fig, ax = plt.subplots(figsize=(9, 0.45 * len(rows) + 1))
     ax.barh([f"{r.workload} {r.system}" for r in rows], [r.value for r in rows],
             color=["#888" if r.workload == "C" else "#2a7" for r in rows])

@@ -15,10 +15,9 @@ import shutil
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
 
 from app.broker import EmbeddedBroker
@@ -26,43 +25,36 @@ from app.kafka.reader import read_committed
 from app.kafka.topics import TopicNames, TopicSpec, ensure_topics, topic_specs
 from app.registry import load_registry
 from app.settings import PROJECT_ROOT, BrokerSettings, Settings
-from bench import ceilings, peer
 from app.broker.ports import free_port_pair
+from bench import ceilings, http_e2e, peer, projection
 from bench.cluster import Cluster
+from bench.http_e2e import W2Sizes
 from bench.measure import drain, histogram_quantile, until_ready
+from bench.projection import W4Sizes
+from bench.results import Report, console
 from bench.workload import accounts_commands, command_records, produce
 
-console = Console()
 
-
-@dataclass
-class Row:
-    workload: str
-    system: str
-    value: float
-    unit: str
-    note: str = ""
-
-
-@dataclass
-class Report:
+@dataclass(frozen=True)
+class Sizes:
     commands: int
     accounts: int
-    partitions: int
-    rows: list[Row] = field(default_factory=list)
-
-    def add(self, workload: str, system: str, value: float, unit: str, note: str = "") -> None:
-        self.rows.append(Row(workload, system, value, unit, note))
-        console.print(f"{workload:<4} {system:<38} {value:>12,.1f} {unit} {note}", highlight=False)
-
-    def get(self, workload: str, system: str) -> float | None:
-        return next((r.value for r in self.rows if r.workload == workload and r.system == system), None)
+    w2: W2Sizes
+    w4: W4Sizes
 
 
-async def run(commands_n: int, accounts_n: int, partitions: int, budget_mb: int, with_peer: bool) -> Report:
+QUICK = Sizes(50_000, 5_000, W2Sizes(accounts=5_000, saturation_s=15, concurrency=256, fixed_s=20),
+              W4Sizes(events=50_000, lag_rate=20, lag_s=20))
+FULL = Sizes(1_000_000, 100_000, W2Sizes(accounts=100_000, saturation_s=60, concurrency=256, fixed_s=60),
+             W4Sizes(events=1_000_000, lag_rate=20, lag_s=120))
+
+
+async def run(sizes: Sizes, partitions: int, budget_mb: int, with_peer: bool) -> Report:
+    commands_n, accounts_n = sizes.commands, sizes.accounts
     report = Report(commands_n, accounts_n, partitions)
     broker = EmbeddedBroker(BrokerSettings(port=free_port_pair(), data_dir=Path(tempfile.mkdtemp(prefix="esk-bench-broker-")), heap="1g"))
-    await asyncio.to_thread(broker.start)
+    broker_pid = (await asyncio.to_thread(broker.start)).pid
+    assert broker_pid is not None
     workdir = Path(tempfile.mkdtemp(prefix="esk-bench-"))
     console.print(f"broker on {broker.bootstrap}; work in {workdir}")
     try:
@@ -121,6 +113,10 @@ async def run(commands_n: int, accounts_n: int, partitions: int, budget_mb: int,
         report.add("W3", "esk full restore rate", restored / ready, "records/s")
         processor.stop()
 
+        # -- W2 and W4, each on an application of its own ---------------------------------
+        await http_e2e.measure(settings, workdir, sizes.w2, budget_mb, broker_pid, report)
+        await projection.measure(settings, workdir, sizes.w4, budget_mb, report)
+
         # -- the peer: the same validation as a Quix Streams app --------------------------
         if with_peer:
             peer_run = await peer.run_quix(settings, workdir, names.commands, commands_n, partitions)
@@ -150,7 +146,11 @@ def ratios(report: Report, budget_mb: int) -> list[tuple[str, float | None, str]
     ]
     rss = report.get("W5", "esk processor max RSS")
     over = rss - budget_mb if rss is not None else None
-    return out + [("W5 esk max RSS minus the RocksDB budget (MB)", over, "<= 150")]
+    return out + [
+        ("W5 esk max RSS minus the RocksDB budget (MB)", over, "<= 150"),
+        ("W2 commands/s over HTTP at saturation", report.get("W2", http_e2e.SATURATION), ">= 3000"),
+        (f"W2 p99 latency at {http_e2e.FIXED_RATE:,} commands/s (ms)", report.get("W2", http_e2e.P99), "<= 50"),
+    ]
 
 
 def render(report: Report) -> Table:
@@ -164,14 +164,13 @@ def render(report: Report) -> Table:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="50k commands over 5k accounts")
+    parser.add_argument("--quick", action="store_true", help="50k commands over 5k accounts, smaller W2 and W4")
     parser.add_argument("--no-peer", action="store_true")
     parser.add_argument("--write", action="store_true", help="write docs/benchmarks.md and docs/benchmarks.png")
     parser.add_argument("--budget-mb", type=int, default=128)
     args = parser.parse_args()
-    commands_n, accounts_n = (50_000, 5_000) if args.quick else (1_000_000, 100_000)
     started = time.perf_counter()
-    report = asyncio.run(run(commands_n, accounts_n, 6, args.budget_mb, not args.no_peer))
+    report = asyncio.run(run(QUICK if args.quick else FULL, 6, args.budget_mb, not args.no_peer))
     console.print(render(report))
     for name, value, target in ratios(report, args.budget_mb):
         console.print(f"{name}: {'n/a' if value is None else f'{value:.2f}'}  (target {target})", highlight=False)

@@ -1,10 +1,13 @@
-"""The accounts workload of W1: commands written straight onto the commands topic."""
+"""The workloads: accounts commands (W1, W2) and orders commands (W4), written straight onto
+the commands topic or sent over HTTP (bench/http_load.py)."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import time
+from collections.abc import Iterator
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
@@ -16,22 +19,65 @@ from app.protocol import CommandEnvelope
 from app.settings import Settings
 
 
-def accounts_commands(n_commands: int, n_accounts: int, seed: int) -> list[CommandEnvelope]:
-    """Opens for every account first, then deposits and withdrawals: some withdrawals are
+def account_ids(n_accounts: int) -> list[str]:
+    return [f"acc-{n}" for n in range(n_accounts)]
+
+
+def account_opens(ids: list[str]) -> list[CommandEnvelope]:
+    return [CommandEnvelope(f"o-{a}", "accounts", a, "open", {"owner": a}, expect_new=True, submitted_at=0) for a in ids]
+
+
+def account_moves(ids: list[str], seed: int, id_prefix: str = "c") -> Iterator[CommandEnvelope]:
+    """Deposits and withdrawals on random accounts, without end: some withdrawals are
     rejected (insufficient funds) and 2% carry a stale expected version (conflicts)."""
     rng = random.Random(seed)
-    ids = [f"acc-{n}" for n in range(n_accounts)]
-    commands = [
-        CommandEnvelope(f"o-{a}", "accounts", a, "open", {"owner": a}, expect_new=True, submitted_at=0) for a in ids
-    ]
-    for n in range(max(n_commands - n_accounts, 0)):
+    for n in itertools.count():
         account = rng.choice(ids)
         name = "deposit" if rng.random() < 0.6 else "withdraw"
         stale = 0 if rng.random() < 0.02 else None
-        commands.append(
-            CommandEnvelope(f"c-{n}", "accounts", account, name, {"amount": rng.randint(1, 100)}, expected_version=stale, submitted_at=0)
+        yield CommandEnvelope(
+            f"{id_prefix}-{n}", "accounts", account, name, {"amount": rng.randint(1, 100)}, expected_version=stale, submitted_at=0
         )
-    return commands
+
+
+def accounts_commands(n_commands: int, n_accounts: int, seed: int) -> list[CommandEnvelope]:
+    """The W1 workload: opens for every account first, then deposits and withdrawals."""
+    ids = account_ids(n_accounts)
+    return account_opens(ids) + list(itertools.islice(account_moves(ids, seed), max(n_commands - n_accounts, 0)))
+
+
+def order_place(order_id: str, customer_id: str, rng: random.Random) -> CommandEnvelope:
+    lines = [{"sku": f"sku-{rng.randrange(1000)}", "qty": rng.randint(1, 3), "price": rng.randint(100, 9_000)}
+             for _ in range(rng.randint(1, 3))]
+    return CommandEnvelope(f"{order_id}/place", "orders", order_id, "place", {"customer_id": customer_id, "lines": lines},
+                           expect_new=True, submitted_at=0)
+
+
+# What may follow a place; every sequence is accepted, so each command makes one event.
+_ORDER_FOLLOW_UPS: tuple[tuple[str, ...], ...] = ((), ("add-line",), ("add-line", "ship"), ("ship",), ("cancel",))
+
+
+def customers_for(n_events: int) -> int:
+    """About 20 orders per customer (an order makes about 2 events): some customers pass
+    the read model's 30 orders and get trimmed."""
+    return max(n_events // 40, 1)
+
+
+def orders_commands(n_events: int, seed: int) -> list[CommandEnvelope]:
+    """Orders placed by `customers_for(n_events)` customers, most followed by add-line,
+    ship or cancel: `n_events` commands that make `n_events` events."""
+    rng = random.Random(seed)
+    customers = customers_for(n_events)
+    commands: list[CommandEnvelope] = []
+    for n in itertools.count():
+        order = f"ord-{n}"
+        commands.append(order_place(order, f"cust-{rng.randrange(customers)}", rng))
+        for name in rng.choice(_ORDER_FOLLOW_UPS):
+            payload = {"sku": "extra", "qty": 1, "price": rng.randint(100, 900)} if name == "add-line" else {}
+            commands.append(CommandEnvelope(f"{order}/{name}", "orders", order, name, payload, submitted_at=0))
+        if len(commands) >= n_events:
+            return commands[:n_events]
+    raise AssertionError("unreachable")
 
 
 async def produce(settings: Settings, topic: str, records: list[tuple[bytes, bytes]]) -> float:
@@ -54,6 +100,16 @@ async def produce(settings: Settings, topic: str, records: list[tuple[bytes, byt
         await producer.stop()
 
 
+async def end_offsets(settings: Settings, topic: str) -> dict[TopicPartition, int]:
+    consumer = AIOKafkaConsumer(**client_options(settings), group_id=None)
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topic, p) for p in await topic_partitions(consumer, topic)]
+        return await consumer.end_offsets(tps)
+    finally:
+        await consumer.stop()
+
+
 async def committed_lag(settings: Settings, group: str, topic: str) -> int:
     """Records of `topic` not yet committed by `group`."""
     admin = AIOKafkaAdminClient(**client_options(settings))
@@ -62,14 +118,8 @@ async def committed_lag(settings: Settings, group: str, topic: str) -> int:
         offsets = await admin.list_consumer_group_offsets(group)
     finally:
         await admin.close()
-    consumer = AIOKafkaConsumer(**client_options(settings), group_id=None)
-    await consumer.start()
-    try:
-        tps = [TopicPartition(topic, p) for p in await topic_partitions(consumer, topic)]
-        ends = await consumer.end_offsets(tps)
-    finally:
-        await consumer.stop()
-    return sum(ends[tp] - (offsets[tp].offset if tp in offsets and offsets[tp].offset >= 0 else 0) for tp in tps)
+    ends = await end_offsets(settings, topic)
+    return sum(end - (offsets[tp].offset if tp in offsets and offsets[tp].offset >= 0 else 0) for tp, end in ends.items())
 
 
 def command_records(commands: list[CommandEnvelope]) -> list[tuple[bytes, bytes]]:
