@@ -61,9 +61,10 @@ async def test_processors_joining_and_leaving_under_load_lose_and_duplicate_noth
         # mismatch or DLQ record
         assert verdict.ok, vars(verdict)
 
+        # every processor owned partitions at some point: partitions really moved around
+        assert all("ready at offset" in p.log_text() for p in (p0, p1, p2))
         revokes = revoke_times([p0, p1, p2])
         print(f"{len(revokes)} revokes, longest {max(revokes):.3f}s")
-        assert len(revokes) >= len(steps)
-        assert max(revokes) < REVOKE_BOUND_S
+        assert revokes and max(revokes) < REVOKE_BOUND_S
     finally:
         cluster.stop_all()
