@@ -154,6 +154,8 @@ def _check_all(spark: SparkSession, settings: Settings, accounts: list[dict[str,
     )
 
 
+# Spark in local mode on two cores: about four minutes alone, more on a busy machine.
+@pytest.mark.timeout(900)
 async def test_projections_equal_their_python_references(settings: Settings, spark: SparkSession, tmp_path: Path) -> None:
     settings = settings.model_copy(
         update={"projections": settings.projections.model_copy(update={"warehouse_dir": tmp_path / "warehouse", "max_offsets_per_trigger": 80})}
