@@ -44,7 +44,7 @@ test: setup
 
 BENCH_STAMP := $(VENV)/.esk-bench-installed
 $(BENCH_STAMP): pyproject.toml $(VENV_STAMP)
-	$(PY) -m pip install -q -e '.[dev,bench]'
+	$(PY) -m pip install -q -e '.[dev,spark,bench]'  # W4 runs PySpark
 	@touch $@
 
 bench-quick: setup $(BENCH_STAMP)

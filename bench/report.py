@@ -44,20 +44,20 @@ def write(report: Report, ratios: list[tuple[str, float | None, str]], docs: Pat
         "|---|---|---:|---|---|",
         *(f"| {r.workload} | {r.system} | {r.value:,.1f} | {r.unit} | {r.note} |" for r in report.rows),
         "",
-        "## Ratios against the targets",
+        "## Against the targets",
         "",
-        "| ratio | measured | target |",
+        "| figure | measured | target |",
         "|---|---:|---|",
         *(f"| {name} | {'n/a' if value is None else f'{value:.2f}'} | {target} |" for name, value, target in ratios),
         "",
-        "C = ceilings (the clients and Kafka's own perf tools moving the same records with no processing).",
-        "W1 = processor throughput, W3 = restart and restore, W5 = resident memory.",
-        "W2 = HTTP end to end: one API and one processor process, driven by a load generator process (aiohttp) "
+        "- C = ceilings (the clients and Kafka's own perf tools moving the same records with no processing).",
+        "- W1 = processor throughput, W3 = restart and restore, W5 = resident memory.",
+        "- W2 = HTTP end to end: one API and one processor process, driven by a load generator process (aiohttp) "
         "that runs on the same 2 cores; each request waits for its command's outcome. The saturation rate is a "
         "closed loop; the latencies are an open loop at a fixed rate, counted from each request's scheduled "
         "instant (no coordinated omission); refused commands (insufficient funds, stale versions) are answers, "
         "not errors.",
-        "W4 = the customer_recent_orders projection (PySpark, local[2], into Delta Lake) over order events made by "
+        "- W4 = the customer_recent_orders projection (PySpark, local[2], into Delta Lake) over order events made by "
         "the processor: the catch-up rate of `esk project run`, and the lag of `--continuous` from a command's "
         "HTTP 200 to the Delta commit that shows its row.",
         "",

@@ -44,8 +44,8 @@ class Sizes:
 
 
 QUICK = Sizes(50_000, 5_000, W2Sizes(accounts=5_000, saturation_s=15, concurrency=256, fixed_s=20),
-              W4Sizes(events=50_000, lag_rate=20, lag_s=20))
-FULL = Sizes(1_000_000, 100_000, W2Sizes(accounts=100_000, saturation_s=60, concurrency=256, fixed_s=60),
+              W4Sizes(events=50_000, lag_rate=20, lag_s=30))
+FULL = Sizes(1_000_000, 100_000, W2Sizes(accounts=20_000, saturation_s=60, concurrency=256, fixed_s=60),
              W4Sizes(events=1_000_000, lag_rate=20, lag_s=120))
 
 
@@ -149,7 +149,7 @@ def ratios(report: Report, budget_mb: int) -> list[tuple[str, float | None, str]
     return out + [
         ("W5 esk max RSS minus the RocksDB budget (MB)", over, "<= 150"),
         ("W2 commands/s over HTTP at saturation", report.get("W2", http_e2e.SATURATION), ">= 3000"),
-        (f"W2 p99 latency at {http_e2e.FIXED_RATE:,} commands/s (ms)", report.get("W2", http_e2e.P99), "<= 50"),
+        (f"W2 p99 latency at {http_e2e.FIXED_RATE:,} commands/s (ms)", report.get("W2", http_e2e.latency_row("p99", http_e2e.FIXED_RATE)), "<= 50"),
     ]
 
 
