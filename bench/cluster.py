@@ -4,11 +4,16 @@ applications (their own topics) on a running broker."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,10 +21,11 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.broker.ports import free_port
+from app.broker import EmbeddedBroker
+from app.broker.ports import free_port, free_port_pair
 from app.kafka.topics import ensure_topics, topic_specs
 from app.registry import load_registry
-from app.settings import Settings
+from app.settings import BrokerSettings, Settings
 
 
 @dataclass
@@ -181,3 +187,17 @@ def wait_until(predicate, timeout_s: float, what: str) -> None:  # type: ignore[
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}")
         time.sleep(0.1)
+
+
+@asynccontextmanager
+async def scratch_broker(prefix: str) -> AsyncIterator[EmbeddedBroker]:
+    """An embedded broker of its own (free ports, a fresh directory) for one benchmark run;
+    stopped and removed afterwards."""
+    data_dir = Path(tempfile.mkdtemp(prefix=f"{prefix}-broker-"))
+    broker = EmbeddedBroker(BrokerSettings(port=free_port_pair(), data_dir=data_dir, heap="1g"))
+    await asyncio.to_thread(broker.start)
+    try:
+        yield broker
+    finally:
+        await asyncio.to_thread(broker.stop)
+        shutil.rmtree(data_dir, ignore_errors=True)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import shutil
 import signal
 import tempfile
 import time
@@ -28,12 +27,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.table import Table
 
-from app.broker import EmbeddedBroker
-from app.broker.ports import free_port_pair
 from app.kafka.topics import TopicNames, ensure_topics, topic_specs
 from app.registry import load_registry
-from app.settings import BrokerSettings, Settings
-from bench.cluster import Cluster, EskProcess
+from app.settings import Settings
+from bench.cluster import Cluster, EskProcess, scratch_broker
 from bench.measure import drain
 from bench.workload import accounts_commands, command_records, committed_lag, produce
 
@@ -157,24 +154,17 @@ async def measure(
 
 
 async def run(commands: int, accounts: int, partitions: int) -> list[Failover]:
-    broker = EmbeddedBroker(
-        BrokerSettings(port=free_port_pair(), data_dir=Path(tempfile.mkdtemp(prefix="esk-failover-broker-")), heap="1g")
-    )
-    await asyncio.to_thread(broker.start)
-    workdir = Path(tempfile.mkdtemp(prefix="esk-failover-"))
-    try:
+    async with scratch_broker("esk-failover") as broker:
         settings = Settings(
             app=f"fo{uuid.uuid4().hex[:6]}",
             kafka={"bootstrap_servers": broker.bootstrap},
             topics={"partitions": partitions},
             _env_file=None,
         )
+        workdir = Path(tempfile.mkdtemp(prefix="esk-failover-"))
         return [
             await measure(settings, workdir, commands, accounts, standby, kill) for kill in (False, True) for standby in (0, 1)
         ]
-    finally:
-        await asyncio.to_thread(broker.stop)
-        shutil.rmtree(broker.data_dir, ignore_errors=True)
 
 
 def render(results: list[Failover], commands: int, accounts: int) -> Table:

@@ -20,14 +20,12 @@ from pathlib import Path
 
 from rich.table import Table
 
-from app.broker import EmbeddedBroker
 from app.kafka.reader import read_committed
 from app.kafka.topics import TopicNames, TopicSpec, ensure_topics, topic_specs
 from app.registry import load_registry
-from app.settings import PROJECT_ROOT, BrokerSettings, Settings
-from app.broker.ports import free_port_pair
+from app.settings import PROJECT_ROOT, Settings
 from bench import ceilings, http_e2e, peer, projection
-from bench.cluster import Cluster
+from bench.cluster import Cluster, scratch_broker
 from bench.http_e2e import W2Sizes
 from bench.measure import drain, histogram_quantile, until_ready
 from bench.projection import W4Sizes
@@ -52,12 +50,11 @@ FULL = Sizes(1_000_000, 100_000, W2Sizes(accounts=20_000, saturation_s=60, concu
 async def run(sizes: Sizes, partitions: int, budget_mb: int, with_peer: bool) -> Report:
     commands_n, accounts_n = sizes.commands, sizes.accounts
     report = Report(commands_n, accounts_n, partitions)
-    broker = EmbeddedBroker(BrokerSettings(port=free_port_pair(), data_dir=Path(tempfile.mkdtemp(prefix="esk-bench-broker-")), heap="1g"))
-    broker_pid = (await asyncio.to_thread(broker.start)).pid
-    assert broker_pid is not None
-    workdir = Path(tempfile.mkdtemp(prefix="esk-bench-"))
-    console.print(f"broker on {broker.bootstrap}; work in {workdir}")
-    try:
+    async with scratch_broker("esk-bench") as broker:
+        broker_pid = broker.status().pid
+        assert broker_pid is not None
+        workdir = Path(tempfile.mkdtemp(prefix="esk-bench-"))
+        console.print(f"broker on {broker.bootstrap}; work in {workdir}")
         settings = Settings(
             app=f"bench{uuid.uuid4().hex[:6]}",
             kafka={"bootstrap_servers": broker.bootstrap},
@@ -124,9 +121,6 @@ async def run(sizes: Sizes, partitions: int, budget_mb: int, with_peer: bool) ->
                        f"ready {peer_run.ready_s:.1f}s")
             report.add("W5", "Quix Streams peer max RSS", peer_run.max_rss_mb, "MB")
         return report
-    finally:
-        await asyncio.to_thread(broker.stop)
-        shutil.rmtree(broker.data_dir, ignore_errors=True)
 
 
 def ratios(report: Report, budget_mb: int) -> list[tuple[str, float | None, str]]:
