@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -187,6 +188,16 @@ def wait_until(predicate, timeout_s: float, what: str) -> None:  # type: ignore[
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}")
         time.sleep(0.1)
+
+
+def scratch_settings(broker: EmbeddedBroker, app_prefix: str, partitions: int) -> Settings:
+    """Settings for a fresh application on a scratch broker."""
+    return Settings(
+        app=f"{app_prefix}{uuid.uuid4().hex[:6]}",
+        kafka={"bootstrap_servers": broker.bootstrap},
+        topics={"partitions": partitions},
+        _env_file=None,
+    )
 
 
 @asynccontextmanager

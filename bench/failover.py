@@ -17,7 +17,6 @@ import asyncio
 import signal
 import tempfile
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +29,7 @@ from rich.table import Table
 from app.kafka.topics import TopicNames, ensure_topics, topic_specs
 from app.registry import load_registry
 from app.settings import Settings
-from bench.cluster import Cluster, EskProcess, scratch_broker
+from bench.cluster import Cluster, EskProcess, scratch_broker, scratch_settings
 from bench.measure import drain
 from bench.workload import accounts_commands, command_records, committed_lag, produce
 
@@ -155,12 +154,7 @@ async def measure(
 
 async def run(commands: int, accounts: int, partitions: int) -> list[Failover]:
     async with scratch_broker("esk-failover") as broker:
-        settings = Settings(
-            app=f"fo{uuid.uuid4().hex[:6]}",
-            kafka={"bootstrap_servers": broker.bootstrap},
-            topics={"partitions": partitions},
-            _env_file=None,
-        )
+        settings = scratch_settings(broker, "fo", partitions)
         workdir = Path(tempfile.mkdtemp(prefix="esk-failover-"))
         return [
             await measure(settings, workdir, commands, accounts, standby, kill) for kill in (False, True) for standby in (0, 1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import shutil
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.settings import Settings
 from bench.cluster import EskProcess
+from bench.results import Report
 from bench.workload import committed_lag
 
 
@@ -73,6 +75,20 @@ async def until_ready(process: EskProcess, partitions: int, timeout_s: float) ->
             return time.perf_counter() - started
         await asyncio.sleep(0.02)
     raise TimeoutError(f"{process.name} not ready in {timeout_s:.0f}s")
+
+
+async def restarts(processor: EskProcess, partitions: int, aggregates: int, report: Report) -> None:
+    """W3, on a stopped processor that has built its state: ready after a clean stop, then
+    after losing its state directory (a full restore)."""
+    ready = await until_ready(processor, partitions, 600)
+    report.add("W3", "esk ready after clean stop", ready, "s", f"{aggregates:,} aggregates")
+    processor.stop()
+    shutil.rmtree(processor.env["ESK_PROCESSOR__STATE_DIR"])
+    ready = await until_ready(processor, partitions, 3600)
+    restored = processor.metric("esk_restore_records_total") or 0
+    report.add("W3", "esk ready after losing its state", ready, "s", f"{restored:,.0f} records restored")
+    report.add("W3", "esk full restore rate", restored / ready, "records/s")
+    processor.stop()
 
 
 @contextmanager

@@ -11,10 +11,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import platform
-import shutil
 import tempfile
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,11 +21,11 @@ from rich.table import Table
 from app.kafka.reader import read_committed
 from app.kafka.topics import TopicNames, TopicSpec, ensure_topics, topic_specs
 from app.registry import load_registry
-from app.settings import PROJECT_ROOT, Settings
+from app.settings import PROJECT_ROOT
 from bench import ceilings, http_e2e, peer, projection
-from bench.cluster import Cluster, scratch_broker
+from bench.cluster import Cluster, scratch_broker, scratch_settings
 from bench.http_e2e import W2Sizes
-from bench.measure import drain, histogram_quantile, until_ready
+from bench.measure import drain, histogram_quantile, restarts
 from bench.projection import W4Sizes
 from bench.results import Report, console
 from bench.workload import accounts_commands, command_records, produce
@@ -55,12 +53,7 @@ async def run(sizes: Sizes, partitions: int, budget_mb: int, with_peer: bool) ->
         assert broker_pid is not None
         workdir = Path(tempfile.mkdtemp(prefix="esk-bench-"))
         console.print(f"broker on {broker.bootstrap}; work in {workdir}")
-        settings = Settings(
-            app=f"bench{uuid.uuid4().hex[:6]}",
-            kafka={"bootstrap_servers": broker.bootstrap},
-            topics={"partitions": partitions},
-            _env_file=None,
-        )
+        settings = scratch_settings(broker, "bench", partitions)
         registry = load_registry(settings.domain)
         names = TopicNames(settings.app)
         raw = [TopicSpec(f"{settings.app}.{name}", partitions, 1, {}) for name in ("raw", "perf")]
@@ -100,15 +93,7 @@ async def run(sizes: Sizes, partitions: int, budget_mb: int, with_peer: bool) ->
 
         # -- W3: restart after a clean stop, and after losing the state --------------------
         processor.stop()
-        ready = await until_ready(processor, partitions, 600)
-        report.add("W3", "esk ready after clean stop", ready, "s", f"{accounts_n:,} aggregates")
-        processor.stop()
-        shutil.rmtree(processor.env["ESK_PROCESSOR__STATE_DIR"])
-        ready = await until_ready(processor, partitions, 3600)
-        restored = processor.metric("esk_restore_records_total") or 0
-        report.add("W3", "esk ready after losing its state", ready, "s", f"{restored:,.0f} records restored")
-        report.add("W3", "esk full restore rate", restored / ready, "records/s")
-        processor.stop()
+        await restarts(processor, partitions, accounts_n, report)
 
         # -- W2 and W4, each on an application of its own ---------------------------------
         await http_e2e.measure(settings, workdir, sizes.w2, budget_mb, broker_pid, report)

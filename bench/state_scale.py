@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import shutil
 import tempfile
-import uuid
 from pathlib import Path
 
 from app.kafka.topics import TopicNames, ensure_topics, topic_specs
 from app.registry import load_registry
-from app.settings import Settings
-from bench.cluster import Cluster, scratch_broker
-from bench.measure import drain, until_ready
+from bench.cluster import Cluster, scratch_broker, scratch_settings
+from bench.measure import drain, restarts
 from bench.results import Report, console
 from bench.workload import account_ids, account_opens, command_records, produce
 
@@ -26,12 +23,7 @@ from bench.workload import account_ids, account_opens, command_records, produce
 async def run(aggregates: int, budget_mb: int, partitions: int) -> Report:
     report = Report(aggregates, aggregates, partitions)
     async with scratch_broker("esk-state-scale") as broker:
-        settings = Settings(
-            app=f"scale{uuid.uuid4().hex[:6]}",
-            kafka={"bootstrap_servers": broker.bootstrap},
-            topics={"partitions": partitions},
-            _env_file=None,
-        )
+        settings = scratch_settings(broker, "scale", partitions)
         names = TopicNames(settings.app)
         await ensure_topics(settings, topic_specs(settings, load_registry(settings.domain)))
         await produce(settings, names.commands, command_records(account_opens(account_ids(aggregates))))
@@ -44,14 +36,7 @@ async def run(aggregates: int, budget_mb: int, partitions: int) -> Report:
             report.add("W1", "esk processor, creating aggregates", aggregates / processing_s, "commands/s")
             report.add("W5", "esk processor max RSS", built.max_rss_mb, "MB", f"budget {budget_mb} MB")
             processor.stop()
-            ready = await until_ready(processor, partitions, 600)
-            report.add("W3", "esk ready after clean stop", ready, "s", f"{aggregates:,} aggregates")
-            processor.stop()
-            shutil.rmtree(processor.env["ESK_PROCESSOR__STATE_DIR"])
-            ready = await until_ready(processor, partitions, 3600)
-            restored = processor.metric("esk_restore_records_total") or 0
-            report.add("W3", "esk ready after losing its state", ready, "s", f"{restored:,.0f} records restored")
-            report.add("W3", "esk full restore rate", restored / ready, "records/s")
+            await restarts(processor, partitions, aggregates, report)
         finally:
             cluster.stop_all()
     return report
