@@ -80,22 +80,30 @@ class EskProcess:
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
-    def metric(self, name: str) -> float | None:
-        """A metric's sum over its labels, from this process's /metrics."""
-        path = "/metrics"
+    def metrics_text(self, timeout_s: float = 2) -> str:
+        """This process's /metrics page; raises httpx.HTTPError when it does not answer."""
+        return httpx.get(f"http://127.0.0.1:{self.port}/metrics", timeout=timeout_s).text
+
+    def metric(self, name: str, **labels: str) -> float | None:
+        """The sum of a metric's samples whose labels include `labels`; None when there is
+        no such sample or the process does not answer."""
         try:
-            text = httpx.get(f"http://127.0.0.1:{self.port}{path}", timeout=2).text
+            return metric_sum(self.metrics_text(), name, **labels)
         except httpx.HTTPError:
             return None
-        total = None
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name == name:
-                    total = (total or 0.0) + sample.value
-        return total
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+
+def metric_sum(text: str, name: str, **labels: str) -> float | None:
+    """The sum of the samples named `name` whose labels include `labels`, in a /metrics page."""
+    total = None
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                total = (total or 0.0) + sample.value
+    return total
 
 
 @dataclass

@@ -22,14 +22,13 @@ from pathlib import Path
 
 import httpx
 from aiokafka.errors import GroupCoordinatorNotAvailableError
-from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.table import Table
 
 from app.kafka.topics import TopicNames, ensure_topics, topic_specs
 from app.registry import load_registry
 from app.settings import Settings
-from bench.cluster import Cluster, EskProcess, scratch_broker, scratch_settings
+from bench.cluster import Cluster, EskProcess, metric_sum, scratch_broker, scratch_settings
 from bench.measure import drain
 from bench.workload import accounts_commands, command_records, committed_lag, produce
 
@@ -54,22 +53,17 @@ class Failover:
 
 
 def labelled_metric(process: EskProcess, name: str, **labels: str) -> float:
-    """The sum of a metric's samples whose labels include `labels`. A busy process may be
-    slow to answer; it is asked again rather than read as zero."""
+    """`process.metric`, except that a busy process that is slow to answer is asked again
+    rather than read as zero."""
     for attempt in range(10):
         try:
-            text = httpx.get(f"http://127.0.0.1:{process.port}/metrics", timeout=5).text
+            text = process.metrics_text(timeout_s=5)
             break
         except httpx.HTTPError:
             if attempt == 9:
                 raise
             time.sleep(0.1)
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
-    )
+    return metric_sum(text, name, **labels) or 0.0
 
 
 async def settled(survivor: EskProcess, other: EskProcess, partitions: int, standbys: int) -> None:

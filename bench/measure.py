@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-import httpx
 from aiokafka.errors import GroupCoordinatorNotAvailableError
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
@@ -85,7 +84,7 @@ async def restarts(processor: EskProcess, partitions: int, aggregates: int, repo
     processor.stop()
     shutil.rmtree(processor.env["ESK_PROCESSOR__STATE_DIR"])
     ready = await until_ready(processor, partitions, 3600)
-    restored = processor.metric("esk_restore_records_total") or 0
+    restored = processor.metric("esk_restore_records_total", role="processor") or 0
     report.add("W3", "esk ready after losing its state", ready, "s", f"{restored:,.0f} records restored")
     report.add("W3", "esk full restore rate", restored / ready, "records/s")
     processor.stop()
@@ -118,7 +117,7 @@ def percentile(values: list[float], q: float) -> float:
 
 def histogram_quantile(process: EskProcess, name: str, q: float) -> float | None:
     """A quantile from a Prometheus histogram's buckets (upper bound of the bucket)."""
-    text = httpx.get(f"http://127.0.0.1:{process.port}/metrics", timeout=2).text
+    text = process.metrics_text()
     buckets: list[tuple[float, float]] = []
     for family in text_string_to_metric_families(text):
         for sample in family.samples:

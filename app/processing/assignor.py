@@ -23,9 +23,6 @@ from aiokafka.cluster import ClusterMetadata
 from aiokafka.coordinator.assignors.abstract import AbstractPartitionAssignor
 from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment, ConsumerProtocolMemberMetadata
 
-_VERSION = 1
-
-
 @dataclass
 class MemberState:
     """What a member reports when it joins."""

@@ -1,9 +1,10 @@
 """StreamTask: the single-threaded owner of one commands partition.
 
 Commands are handled against an in-memory overlay on top of the RocksDB store; their
-outputs are buffered (RecordCollector sends them as record batches). At commit, ONE Kafka transaction carries the events, the outcomes,
-the changelog records and the consumer offset. Only after that transaction has committed
-is RocksDB written, in one batch together with the changelog offset it now reflects.
+outputs are buffered. At commit, ONE Kafka transaction carries the events, the outcomes,
+the changelog records and the consumer offset (RecordCollector sends them as record
+batches). Only after that transaction has committed is RocksDB written, in one batch
+together with the changelog offset it now reflects.
 
 Crash ordering, which is the whole point:
 - crash before the commit: the transaction is aborted (or fenced by the next owner);
@@ -119,23 +120,17 @@ class StreamTask:
         for event in handled.events:
             self._emit(events_topic, envelope.aggregate_id.encode(), event.encode(), headers=event.headers())
         if handled.aggregate is not None:
-            expires_at = handled.aggregate.expires_at
-            self._change(key, handled.aggregate.encode(), expires_at)
+            self._change(key, handled.aggregate.encode(), handled.aggregate.expires_at)
             expires_before = stored.expires_at if stored is not None else None
-            if expires_at != expires_before:
-                if expires_before is not None:
-                    self._index(expiry_key(expires_before, key), None)
-                if expires_at is not None:
-                    self._index(expiry_key(expires_at, key), b"")
+            if expires_before is not None and expires_before != handled.aggregate.expires_at:
+                self._index(expiry_key(expires_before, key), None)
         self._record_outcome(handled.outcome)
 
     def _record_outcome(self, outcome: Outcome) -> None:
         value = outcome.encode()
         key = command_key(outcome.command_id)
-        expires_at = outcome.processed_at + self.dedup_window_ms
         self._emit(self.topics.results, outcome.command_id.encode(), value)
-        self._change(key, value, expires_at)
-        self._index(expiry_key(expires_at, key), b"")
+        self._change(key, value, expires_at=outcome.processed_at + self.dedup_window_ms)
         COMMANDS.labels(outcome.aggregate_type, outcome.code or outcome.status.value).inc()
 
     def expire(self, now: int, limit: int) -> int:
@@ -165,10 +160,14 @@ class StreamTask:
         return self.store.get(key)
 
     def _change(self, key: bytes, value: bytes | None, expires_at: int | None = None) -> None:
-        """A store write that the changelog carries; what expires says when, so that a
-        restore can rebuild the expiry index without an index record per command."""
+        """A store write that the changelog carries. What expires gets its expiry index
+        entry here, and says when in a header, from which a restore derives the same entry
+        (no index record in the changelog)."""
         self._writes[key] = value
-        headers = (expires_at_header(expires_at),) if expires_at is not None else ()
+        headers: Headers = ()
+        if expires_at is not None:
+            self._index(expiry_key(expires_at, key), b"")
+            headers = (expires_at_header(expires_at),)
         self._emit(self.topics.changelog, key, value, partition=self.partition, headers=headers)
 
     def _index(self, key: bytes, value: bytes | None) -> None:
