@@ -11,15 +11,17 @@ how many cores each used, which shows where the ceiling is.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from app.settings import Settings
-from bench.cluster import Cluster, new_app
+from bench.cluster import Cluster, new_app, scratch_broker, scratch_settings
 from bench.http_load import LoadSpec, run_load
 from bench.measure import cpu_cores
-from bench.results import Report
+from bench.results import Report, console
 
 FIXED_RATE = 1_000  # commands/s: the rate the latency target is set at
 SATURATION = "esk HTTP end to end, saturation"
@@ -73,5 +75,34 @@ async def _open_loop(load: LoadSpec, workdir: Path, report: Report) -> None:
                f"{len(fixed.statuses):,} requests due in {load.duration_s:.0f}s; {fixed.describe_errors()}{behind}")
 
 
+QUICK = W2Sizes(accounts=5_000, saturation_s=15, concurrency=256, fixed_s=20)
+FULL = W2Sizes(accounts=20_000, saturation_s=60, concurrency=256, fixed_s=60)
+
+
 def latency_row(label: str, rate: float) -> str:
     return f"esk HTTP latency {label} at {rate:,.0f}/s"
+
+
+async def run(sizes: W2Sizes, partitions: int, budget_mb: int) -> Report:
+    """W2 alone, on a scratch broker of its own."""
+    async with scratch_broker("esk-w2") as broker:
+        pid = broker.pid()
+        assert pid is not None
+        report = Report(0, sizes.accounts, partitions)
+        workdir = Path(tempfile.mkdtemp(prefix="esk-w2-"))
+        console.print(f"broker on {broker.bootstrap}; work in {workdir}")
+        await measure(scratch_settings(broker, "w2", partitions), workdir, sizes, budget_mb, pid, report)
+        return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="the sizes of bench-quick")
+    parser.add_argument("--partitions", type=int, default=6)
+    parser.add_argument("--budget-mb", type=int, default=128)
+    args = parser.parse_args()
+    asyncio.run(run(QUICK if args.quick else FULL, args.partitions, args.budget_mb))
+
+
+if __name__ == "__main__":
+    main()

@@ -39,9 +39,9 @@ class Sizes:
     w4: W4Sizes
 
 
-QUICK = Sizes(50_000, 5_000, W2Sizes(accounts=5_000, saturation_s=15, concurrency=256, fixed_s=20),
+QUICK = Sizes(50_000, 5_000, http_e2e.QUICK,
               W4Sizes(events=50_000, lag_rate=20, lag_s=30))
-FULL = Sizes(1_000_000, 100_000, W2Sizes(accounts=20_000, saturation_s=60, concurrency=256, fixed_s=60),
+FULL = Sizes(1_000_000, 100_000, http_e2e.FULL,
              W4Sizes(events=1_000_000, lag_rate=20, lag_s=120))
 
 
@@ -49,7 +49,7 @@ async def run(sizes: Sizes, partitions: int, budget_mb: int, with_peer: bool) ->
     commands_n, accounts_n = sizes.commands, sizes.accounts
     report = Report(commands_n, accounts_n, partitions)
     async with scratch_broker("esk-bench") as broker:
-        broker_pid = broker.status().pid
+        broker_pid = broker.pid()
         assert broker_pid is not None
         workdir = Path(tempfile.mkdtemp(prefix="esk-bench-"))
         console.print(f"broker on {broker.bootstrap}; work in {workdir}")

@@ -24,6 +24,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
+from app.api.auth import BearerAuth
 from app.api.gateway import CommandGateway
 from app.api.problems import Problem
 from app.api.replica import StateReplica
@@ -109,17 +110,8 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
         errors = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in error.errors()]
         return Problem(422, "invalid_request", "the request is invalid", errors=errors).response()
 
-    tokens = frozenset(settings.api.auth_tokens)
-
-    @app.middleware("http")
-    async def _auth(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        if tokens and request.url.path.startswith("/v1/"):
-            scheme, _, token = request.headers.get("authorization", "").partition(" ")
-            if scheme.lower() != "bearer" or not token:
-                return Problem(401, "unauthorized", "a bearer token is required", {"WWW-Authenticate": "Bearer"}).response()
-            if token not in tokens:
-                return Problem(403, "forbidden", "this token may not call the API").response()
-        return await call_next(request)
+    if settings.api.auth_tokens:
+        app.add_middleware(BearerAuth, tokens=frozenset(settings.api.auth_tokens))
 
     # -- commands ------------------------------------------------------------------
 

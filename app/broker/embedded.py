@@ -119,7 +119,7 @@ class EmbeddedBroker:
 
     def stop(self, timeout_s: float = 60.0) -> bool:
         """Stop gracefully (SIGTERM: controlled shutdown, logs flushed); SIGKILL as a last resort."""
-        pid = self._pid()
+        pid = self.pid()
         if pid is None:
             return False
         try:
@@ -138,14 +138,15 @@ class EmbeddedBroker:
         return True
 
     def status(self) -> BrokerStatus:
-        pid = self._pid()
+        pid = self.pid()
         running = pid is not None
         answering = running and asyncio.run(_answers_metadata(self.bootstrap, 3.0))
         return BrokerStatus(running=running, pid=pid, answering=answering, bootstrap=self.bootstrap)
 
     # -- pieces ------------------------------------------------------------------
 
-    def _pid(self) -> int | None:
+    def pid(self) -> int | None:
+        """The broker's process id, if it runs (no network call: safe inside an event loop)."""
         try:
             pid = int(self.pid_file.read_text().strip())
         except (FileNotFoundError, ValueError):
