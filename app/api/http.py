@@ -1,18 +1,13 @@
-"""The HTTP API of PRODUCT.md, v1.
+"""The HTTP API of PRODUCT.md, v1: FastAPI for reads, operations and /openapi.json.
 
-One command's path: `submit_command` validates everything the client sent (type, command,
-headers, size, media type, JSON, payload schema), puts a CommandEnvelope on the commands
-topic through the CommandGateway, then waits on the StateReplica for the command's
-outcome and turns it into a response (`outcome_response`).
+Commands come in through app/api/commands.py (one ASGI endpoint per command); this module
+mounts them and documents them beside the FastAPI routes.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-import re
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -20,62 +15,24 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
 from app.api.auth import BearerAuth
+from app.api.commands import CommandEndpoint, CommandIntake, check_id, etag, json_response, outcome_response
 from app.api.gateway import CommandGateway
 from app.api.problems import Problem
 from app.api.replica import StateReplica
-from app.metrics import HTTP_OUTCOME_TIMEOUTS
-from app.protocol import CommandEnvelope, Outcome, Status, StoredAggregate
+from app.protocol import StoredAggregate
 from app.registry import Registry
 from app.settings import Settings
-from domain.aggregate import ALREADY_EXISTS, NOT_FOUND, AggregateType
-
-log = logging.getLogger(__name__)
-
-_VERSION_TAG = re.compile(r'^(?:W/)?"(\d{1,18})"$')
-_MAX_ID = 200
-
-
-def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return Response(orjson.dumps(body), status_code=status, headers=headers, media_type="application/json")
-
-
-def _etag(version: int) -> dict[str, str]:
-    return {"ETag": f'"{version}"'}
-
-
-def _check_id(kind: str, value: str) -> None:
-    if not value or len(value) > _MAX_ID or any(ord(c) < 32 for c in value):
-        raise Problem(400, f"invalid_{kind}", f"{kind} must be 1 to {_MAX_ID} printable characters")
-
-
-def outcome_response(outcome: Outcome) -> Response:
-    """The HTTP answer to a command's outcome, the same wherever it is asked for."""
-    if outcome.status is Status.ACCEPTED:
-        body = {
-            "command_id": outcome.command_id,
-            "type": outcome.aggregate_type,
-            "id": outcome.aggregate_id,
-            "version": outcome.version,
-            "events": outcome.events,
-        }
-        return _json(body, 200, _etag(outcome.version))
-    extra = {"command_id": outcome.command_id, "current_version": outcome.version}
-    headers = _etag(outcome.version) if outcome.version > 0 else {}
-    if outcome.status is Status.PRECONDITION_FAILED:
-        return Problem(412, outcome.code or "precondition_failed", outcome.detail or "", headers, **extra).response()
-    status = {NOT_FOUND: 404, ALREADY_EXISTS: 409}.get(outcome.code or "", 422)
-    return Problem(status, outcome.code or "rejected", outcome.detail or "", headers, **extra).response()
+from domain.aggregate import AggregateType
 
 
 def create_app(settings: Settings, registry: Registry) -> FastAPI:
     gateway = CommandGateway(settings)
     replica = StateReplica(settings)
-    pending: set[str] = set()  # commands this instance submitted and is still waiting for
+    intake = CommandIntake(settings, gateway, replica)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -115,76 +72,14 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
 
     # -- commands ------------------------------------------------------------------
 
-    async def submit_command(request: Request, aggregate_type: AggregateType[Any], aggregate_id: str, name: str) -> Response:
-        _check_id("aggregate_id", aggregate_id)
-        payload = await _read_json(request, settings.api.max_body_bytes)
-        try:
-            aggregate_type.parse_command(name, payload)
-        except ValidationError as error:
-            errors = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in error.errors()]
-            raise Problem(422, "invalid_payload", f"the {name} payload is invalid", errors=errors) from None
-        expected_version, expect_new = _preconditions(request)
-        command_id = request.headers.get("idempotency-key") or uuid.uuid4().hex
-        _check_id("idempotency_key", command_id)
-        location = f"/v1/commands/{command_id}"
-
-        # A retry whose outcome is known already is answered without touching Kafka.
-        known = replica.outcome(command_id)
-        if known is not None:
-            return outcome_response(known)
-        envelope = CommandEnvelope(
-            command_id=command_id,
-            aggregate_type=aggregate_type.name,
-            aggregate_id=aggregate_id,
-            command=name,
-            payload=payload,
-            expected_version=expected_version,
-            expect_new=expect_new,
-            correlation_id=request.headers.get("x-correlation-id") or command_id,
-            causation_id=request.headers.get("x-causation-id"),
-        )
-        try:
-            await gateway.submit(envelope)
-        except Exception as error:  # not acknowledged: the client must retry (same Idempotency-Key)
-            log.warning("could not submit command %s: %r", command_id, error)
-            raise Problem(
-                503, "kafka_unavailable", "the command could not be stored; retry with the same Idempotency-Key",
-                {"Retry-After": str(settings.api.retry_after_s)},
-            ) from None
-        if "respond-async" in request.headers.get("prefer", ""):
-            return _json(
-                {"command_id": command_id, "status": "pending"},
-                202,
-                {"Location": location, "Preference-Applied": "respond-async"},
-            )
-        pending.add(command_id)
-        try:
-            outcome = await replica.wait_outcome(command_id, settings.api.outcome_timeout_s)
-        finally:
-            pending.discard(command_id)
-        if outcome is None:
-            HTTP_OUTCOME_TIMEOUTS.inc()
-            raise Problem(
-                503, "outcome_pending", "the command is accepted and will be processed; its outcome is not in yet",
-                {"Retry-After": str(settings.api.retry_after_s), "Location": location},
-                command_id=command_id,
-            )
-        return outcome_response(outcome)
-
-    def _command_route(aggregate_type: AggregateType[Any], name: str) -> Callable[..., Awaitable[Response]]:
-        async def route(request: Request, id: str) -> Response:  # noqa: A002 - the path says {id}
-            return await submit_command(request, aggregate_type, id, name)
-
-        return route
-
     @app.get("/v1/commands/{command_id}", tags=["commands"], summary="The outcome of a command")
     async def get_command(command_id: str) -> Response:
         outcome = replica.outcome(command_id)
         if outcome is not None:
             body = {**orjson.loads(outcome.encode()), "http_status": outcome_response(outcome).status_code}
-            return _json(body)
-        if command_id in pending:
-            return _json({"command_id": command_id, "status": "pending"}, 202)
+            return json_response(body)
+        if command_id in intake.pending:
+            return json_response({"command_id": command_id, "status": "pending"}, 202)
         raise Problem(404, "unknown_command_id", "no outcome for this command (unknown, expired, or not processed yet)")
 
     @app.get("/v1/projections/{name}", tags=["read models"], summary="Rows of a read model, filtered by ?column=value")
@@ -192,7 +87,7 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
         filters = {k: v for k, v in request.query_params.items() if k != "limit"}
         row_limit = min(limit or settings.projections.api_row_limit, settings.projections.api_row_limit)
         rows = await _read_model(name, filters, row_limit)
-        return _json({"name": name, "rows": rows, "count": len(rows)})
+        return json_response({"name": name, "rows": rows, "count": len(rows)})
 
     @app.get("/v1/{type_name}/{id}/events", tags=["state"], summary="An aggregate's history (from the events archive)")
     async def get_history(type_name: str, id: str) -> Response:  # noqa: A002
@@ -206,7 +101,7 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
             | {"data": orjson.loads(r["data"])}
             for r in rows
         ]
-        return _json({"type": type_name, "id": id, "events": events})
+        return json_response({"type": type_name, "id": id, "events": events})
 
     async def _read_model(name: str, filters: dict[str, str], limit: int) -> list[dict[str, Any]]:
         try:
@@ -228,22 +123,9 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
             raise Problem(400, "invalid_filter", str(error)) from None
 
     for aggregate_type in registry.values():
-        for name, model in aggregate_type.commands.items():
-            app.add_api_route(
-                f"/v1/{aggregate_type.name}/{{id}}/{name}",
-                _command_route(aggregate_type, name),
-                methods=["POST"],
-                tags=[aggregate_type.name],
-                summary=f"{name} ({model.__name__})",
-                description=(model.__doc__ or "")
-                + "\n\nHeaders: If-Match: \"<version>\", If-None-Match: *, Idempotency-Key, Prefer: respond-async.",
-                openapi_extra={
-                    "requestBody": {
-                        "required": False,
-                        "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{_schema_name(aggregate_type, model)}"}}},
-                    }
-                },
-            )
+        for name in aggregate_type.commands:
+            endpoint = CommandEndpoint(intake, aggregate_type, name)
+            app.add_route(f"/v1/{aggregate_type.name}/{{id}}/{name}", endpoint, methods=["POST"], include_in_schema=False)
 
     @app.post("/v1/{type_name}/{id}/{command}", include_in_schema=False)
     async def unknown_command(type_name: str, id: str, command: str) -> Response:  # noqa: A002
@@ -257,7 +139,7 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
     async def get_aggregate(type_name: str, id: str, min_version: int | None = None) -> Response:  # noqa: A002
         if type_name not in registry:
             raise Problem(404, "unknown_aggregate_type", f"no aggregate type {type_name!r}")
-        _check_id("aggregate_id", id)
+        check_id("aggregate_id", id)
         stored: StoredAggregate | None
         if min_version is not None:
             if min_version < 0:
@@ -274,18 +156,18 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
         if stored is None:
             raise Problem(404, "not_found", f"{type_name} {id!r} does not exist")
         body = {"type": type_name, "id": id, "version": stored.version, "state": stored.state}
-        return _json(body, 200, _etag(stored.version))
+        return json_response(body, 200, etag(stored.version))
 
     # -- operations ------------------------------------------------------------------
 
     @app.get("/healthz", tags=["operations"])
     async def healthz() -> Response:
-        return _json({"status": "ok"})
+        return json_response({"status": "ok"})
 
     @app.get("/readyz", tags=["operations"])
     async def readyz() -> Response:
         if replica.ready.is_set():
-            return _json({"status": "ready"})
+            return json_response({"status": "ready"})
         return Problem(503, "not_ready", "restoring state from the changelog", {"Retry-After": "1"}).response()
 
     @app.get("/metrics", tags=["operations"])
@@ -296,49 +178,56 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
     return app
 
 
-async def _read_json(request: Request, limit: int) -> dict[str, Any]:
-    length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > limit:
-        raise Problem(413, "body_too_large", f"the body may have at most {limit} bytes")
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise Problem(413, "body_too_large", f"the body may have at most {limit} bytes")
-    if not body.strip():
-        return {}
-    media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if media_type != "application/json" and not (media_type.startswith("application/") and media_type.endswith("+json")):
-        raise Problem(415, "unsupported_media_type", "send the command as application/json")
-    try:
-        payload = orjson.loads(body)
-    except orjson.JSONDecodeError as error:
-        raise Problem(400, "malformed_json", f"the body is not valid JSON: {error}") from None
-    if not isinstance(payload, dict):
-        raise Problem(422, "invalid_payload", "the body must be a JSON object")
-    return payload
-
-
-def _preconditions(request: Request) -> tuple[int | None, bool]:
-    if_match = request.headers.get("if-match")
-    if_none_match = request.headers.get("if-none-match")
-    expected: int | None = None
-    if if_match is not None:
-        match = _VERSION_TAG.match(if_match.strip())
-        if match is None:
-            raise Problem(400, "invalid_if_match", 'If-Match must be a version tag such as "3"')
-        expected = int(match.group(1))
-    if if_none_match is not None and if_none_match.strip() != "*":
-        raise Problem(400, "invalid_if_none_match", "only If-None-Match: * is supported (the aggregate must not exist)")
-    return expected, if_none_match is not None
-
-
 def _schema_name(aggregate_type: AggregateType[Any], model: type) -> str:
     return f"{aggregate_type.name}.{model.__name__}"
 
 
+_COMMAND_HEADERS = (
+    ("If-Match", 'Optimistic concurrency: the version the command expects, e.g. "3".'),
+    ("If-None-Match", "`*`: the aggregate must not exist yet."),
+    ("Idempotency-Key", "The command id: a retry with the same key gets the first outcome."),
+    ("Prefer", "`respond-async`: answer 202 once the command is stored, without waiting."),
+    ("X-Correlation-Id", "Copied onto the events (defaults to the command id)."),
+    ("X-Causation-Id", "Copied onto the events."),
+)
+_COMMAND_ANSWERS = {
+    "200": "Accepted: the new version and the events",
+    "202": "Stored; the outcome is at the Location (Prefer: respond-async)",
+    "404": "The aggregate does not exist",
+    "409": "The aggregate exists already",
+    "412": "The version is not the one in If-Match",
+    "422": "Refused by the domain, or an invalid payload",
+    "503": "Not stored (retry with the same Idempotency-Key), or no outcome in time",
+}
+
+
+def _command_path(aggregate_type: AggregateType[Any], name: str, model: type) -> dict[str, Any]:
+    """The OpenAPI path item of a command endpoint (they are not FastAPI routes)."""
+    problem = {"application/problem+json": {"schema": {"type": "object"}}}
+    parameters = [{"name": "id", "in": "path", "required": True, "schema": {"type": "string", "maxLength": 200}}]
+    parameters += [{"name": h, "in": "header", "required": False, "description": d, "schema": {"type": "string"}}
+                   for h, d in _COMMAND_HEADERS]
+    return {
+        "post": {
+            "tags": [aggregate_type.name],
+            "summary": f"{name} ({model.__name__})",
+            "description": model.__doc__ or "",
+            "operationId": f"{aggregate_type.name}_{name}",
+            "parameters": parameters,
+            "requestBody": {
+                "required": False,
+                "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{_schema_name(aggregate_type, model)}"}}},
+            },
+            "responses": {
+                code: {"description": text, "content": {"application/json": {"schema": {"type": "object"}}} if code < "400" else problem}
+                for code, text in _COMMAND_ANSWERS.items()
+            },
+        }
+    }
+
+
 def _document_schemas(app: FastAPI, registry: Registry) -> None:
-    """Put every command, event and state schema into /openapi.json."""
+    """Put every command endpoint, and every command, event and state schema, into /openapi.json."""
     base_openapi = app.openapi
 
     def openapi() -> dict[str, Any]:
@@ -346,7 +235,10 @@ def _document_schemas(app: FastAPI, registry: Registry) -> None:
             return app.openapi_schema
         schema = base_openapi()
         components = schema.setdefault("components", {}).setdefault("schemas", {})
+        paths = schema.setdefault("paths", {})
         for aggregate_type in registry.values():
+            for command, model in aggregate_type.commands.items():
+                paths[f"/v1/{aggregate_type.name}/{{id}}/{command}"] = _command_path(aggregate_type, command, model)
             models: list[tuple[str, type]] = [(_schema_name(aggregate_type, m), m) for m in aggregate_type.commands.values()]
             models += [(f"{aggregate_type.name}.events.{e.type_name()}", e) for e in aggregate_type.events]
             models.append((f"{aggregate_type.name}.State", aggregate_type.state))

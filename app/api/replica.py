@@ -81,8 +81,7 @@ class StateReplica:
             store.write(updates, {tp.partition: await consumer.position(tp) for tp in tps})
             for key in updates:
                 for waiter in self._waiters.pop(key, ()):
-                    if not waiter.done():
-                        waiter.set_result(None)
+                    _wake(waiter)
             STORE_MEMORY.labels("api").set(self.resources.usage_bytes())
 
     # -- reads -------------------------------------------------------------------
@@ -115,16 +114,20 @@ class StateReplica:
             # Register before looking, so a record applied in between still wakes us.
             waiter: asyncio.Future[None] = loop.create_future()
             self._waiters[key].append(waiter)
-            found = lookup()
-            if found is not None:
-                return found
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                return None
             try:
-                await asyncio.wait_for(waiter, remaining)
-            except asyncio.TimeoutError:
-                return lookup()
+                found = lookup()
+                if found is not None:
+                    return found
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return None
+                # A timer on the future itself: asyncio.wait_for costs several times more
+                # per wait, and every command the API takes in waits here once.
+                timer = loop.call_later(remaining, _wake, waiter)
+                try:
+                    await waiter
+                finally:
+                    timer.cancel()
             finally:
                 waiters = self._waiters.get(key)
                 if waiters and waiter in waiters:
@@ -132,3 +135,7 @@ class StateReplica:
                     if not waiters:
                         del self._waiters[key]
 
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
