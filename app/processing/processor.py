@@ -70,9 +70,11 @@ class Processor:
         self.tasks: dict[int, StreamTask] = {}
         self._starting: dict[int, asyncio.Task[None]] = {}
         self._assigned: set[int] = set()
-        # Held while records are handled and committed, and by the rebalance callbacks:
-        # a partition is never revoked in the middle of its commit.
+        # Held while records are handled, and by the rebalance callbacks. A commit runs in
+        # the background (one per task at a time, in _commits); revoking a partition waits
+        # for its commit in flight (StreamTask.commit and close do).
         self._lock = asyncio.Lock()
+        self._commits: dict[int, asyncio.Task[None]] = {}
         self._consumer: AIOKafkaConsumer | None = None
         self._on_restore_progress = on_restore_progress
         self.restores: dict[int, RestoreProgress] = {}
@@ -111,7 +113,7 @@ class Processor:
             while not stop.is_set():
                 await self._poll_once(consumer)
             async with self._lock:
-                await self._commit_due(list(self.tasks.values()))
+                await self._commit_all()
         finally:
             standbys_stop.set()
             starting = list(self._starting.values())
@@ -122,30 +124,59 @@ class Processor:
             async with self._lock:
                 for partition in list(self.tasks):
                     await self._close_task(partition, commit=False)
+            await asyncio.gather(*self._commits.values(), return_exceptions=True)
             if standbys is not None:
                 await standbys
             self._consumer = None
 
     async def _poll_once(self, consumer: AIOKafkaConsumer) -> None:
         batch_max = self.settings.processor.batch_max_records
-        busy = any(t.has_pending for t in self.tasks.values())
-        batches = await consumer.getmany(timeout_ms=0 if busy else 200, max_records=batch_max)
+        # An open batch without a commit in flight is due soon: poll without waiting.
+        due_soon = any(t.has_pending and t.partition not in self._commits for t in self.tasks.values())
+        batches = await consumer.getmany(timeout_ms=0 if due_soon else 200, max_records=batch_max)
         async with self._lock:
             for tp, records in batches.items():
                 task = self.tasks.get(tp.partition)
                 if task is not None:
                     for record in records:
                         task.process(record)
+                    if tp.partition in self._commits and task.pending_commands >= batch_max:
+                        consumer.pause(tp)  # a full batch waits for the commit in flight
             self._expire_due()
             interval_s = self.settings.processor.commit_interval_ms / 1000
-            due = [
-                t
-                for t in self.tasks.values()
-                if t.has_pending
-                and (t.input not in batches or t.pending_commands >= batch_max or t.batch_age() >= interval_s)
-            ]
-            await self._commit_due(due)
+            for task in self.tasks.values():
+                if (
+                    task.has_pending
+                    and task.partition not in self._commits
+                    and (task.input not in batches or task.pending_commands >= batch_max or task.batch_age() >= interval_s)
+                ):
+                    self._commits[task.partition] = asyncio.create_task(self._commit(task), name=f"commit-{task.partition}")
         STORE_MEMORY.labels("processor").set(self.resources.usage_bytes())
+
+    async def _commit(self, task: StreamTask) -> None:
+        """Commit the task's open batch. What it handled meanwhile is the next batch, and is
+        committed straight after: batches grow with the load, and no command waits for a
+        poll to be committed."""
+        try:
+            while task.has_pending:
+                await task.commit()
+        except Exception as error:
+            async with self._lock:
+                if self.tasks.get(task.partition) is task:
+                    await self._fail_task(task, error)
+        finally:
+            if self._commits.get(task.partition) is asyncio.current_task():
+                del self._commits[task.partition]
+            if self.tasks.get(task.partition) is task and self._consumer is not None:
+                self._consumer.resume(task.input)
+
+    async def _commit_all(self) -> None:
+        """At shutdown: every open batch, each after its task's commit in flight."""
+        tasks = list(self.tasks.values())
+        results = await asyncio.gather(*(t.commit() for t in tasks), return_exceptions=True)
+        for task, result in zip(tasks, results):
+            if isinstance(result, BaseException):
+                log.warning("partition %d: last commit failed (%r); the next owner redoes it", task.partition, result)
 
     def _expire_due(self) -> None:
         now = time.monotonic()
@@ -156,12 +187,6 @@ class Processor:
             expired = task.expire(now_ms(), self.settings.processor.expiry_batch)
             if expired:
                 EXPIRED.inc(expired)
-
-    async def _commit_due(self, due: list[StreamTask]) -> None:
-        results = await asyncio.gather(*(t.commit() for t in due), return_exceptions=True)
-        for task, result in zip(due, results):
-            if isinstance(result, BaseException):
-                await self._fail_task(task, result)
 
     async def _fail_task(self, task: StreamTask, error: BaseException) -> None:
         """A failed commit leaves nothing behind (the transaction aborts or is fenced, RocksDB
@@ -321,9 +346,9 @@ class Processor:
         ACTIVE_TASKS.set(len(self.tasks))
         if task is None:
             return
-        if commit and task.has_pending:
+        if commit:
             try:
-                await task.commit()
+                await task.commit()  # after the commit in flight, if any
             except Exception as error:  # fenced or failed: the next owner redoes the batch
                 log.warning("partition %d: final commit failed (%r); the next owner redoes it", partition, error)
         await task.close()

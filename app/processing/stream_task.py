@@ -1,22 +1,32 @@
 """StreamTask: the single-threaded owner of one commands partition.
 
 Commands are handled against an in-memory overlay on top of the RocksDB store; their
-outputs are buffered. At commit, ONE Kafka transaction carries the events, the outcomes,
-the changelog records and the consumer offset (RecordCollector sends them as record
-batches). Only after that transaction has committed is RocksDB written, in one batch
-together with the changelog offset it now reflects.
+outputs are buffered in the open Batch. At commit, ONE Kafka transaction carries the
+events, the outcomes, the changelog records and the consumer offset (RecordCollector sends
+them as record batches). Only after that transaction has committed is RocksDB written, in
+one batch together with the changelog offset it now reflects.
+
+A commit seals the open batch and a new one opens at once: commands keep being handled
+while the sealed batch's transaction is in flight, reading through both overlays. One
+commit at a time: the producer has one transaction, and batch N+1 commits only after N.
 
 Crash ordering, which is the whole point:
 - crash before the commit: the transaction is aborted (or fenced by the next owner);
   RocksDB never saw the overlay; the commands are read again from the committed offset.
 - crash after the commit, before the RocksDB write: the store is behind the changelog,
   and the next owner restores from the offset the store records. Never ahead, never torn.
+- a failed commit fails the task: the batch handled on top of the failed one is
+  discarded with it (it read the failed batch's writes); the next task starts again from
+  the committed offset.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+from dataclasses import dataclass, field
+from typing import cast
 
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.structs import ConsumerRecord
@@ -47,6 +57,19 @@ from app.state.store import StateStore
 log = logging.getLogger(__name__)
 
 
+_ABSENT = object()  # not in an overlay (None there means deleted)
+
+
+@dataclass(slots=True)
+class Batch:
+    """What the commands from `start_offset` on have handled so far, not yet in Kafka."""
+
+    start_offset: int
+    writes: dict[bytes, bytes | None] = field(default_factory=dict)  # store writes, None deletes
+    outputs: list[Output] = field(default_factory=list)
+    started: float | None = None  # monotonic time of its first output
+
+
 class StreamTask:
     def __init__(
         self,
@@ -70,23 +93,26 @@ class StreamTask:
         self.next_offset = next_offset  # the next commands offset this task has to handle
         self.committed_offset = next_offset
         self.dedup_window_ms = dedup_window_ms
-        self._writes: dict[bytes, bytes | None] = {}
-        self._outputs: list[Output] = []
-        self._batch_started: float | None = None
-        self._batch_commands = 0
+        self._open = Batch(next_offset)
+        self._sealed: Batch | None = None  # the batch whose transaction is in flight
+        self._commit_lock = asyncio.Lock()
+        self._failed: BaseException | None = None
+        self._closed = False
 
     # -- handling ----------------------------------------------------------------
 
     @property
     def has_pending(self) -> bool:
-        return self.next_offset > self.committed_offset or bool(self._outputs)
+        """The open batch has something to commit."""
+        return self.next_offset > self._open.start_offset or bool(self._open.outputs)
 
     @property
     def pending_commands(self) -> int:
-        return self.next_offset - self.committed_offset
+        return self.next_offset - self._open.start_offset
 
     def batch_age(self) -> float:
-        return 0.0 if self._batch_started is None else time.monotonic() - self._batch_started
+        started = self._open.started
+        return 0.0 if started is None else time.monotonic() - started
 
     def process(self, record: ConsumerRecord[bytes, bytes]) -> None:
         if record.offset < self.next_offset:
@@ -142,8 +168,8 @@ class StreamTask:
         for index_key, _ in self.store.scan(EXPIRY_PREFIX, expiry_bound(now)):
             if expired >= limit:
                 break
-            if index_key in self._writes:
-                continue  # deleted in this batch already
+            if self._overlay(index_key) is not _ABSENT:
+                continue  # deleted in a batch not yet in the store
             expires_at, key = parse_expiry_key(index_key)
             current = self._get(key)
             if current is not None and not (
@@ -155,15 +181,21 @@ class StreamTask:
         return expired
 
     def _get(self, key: bytes) -> bytes | None:
-        if key in self._writes:
-            return self._writes[key]
-        return self.store.get(key)
+        value = self._overlay(key)
+        return self.store.get(key) if value is _ABSENT else cast("bytes | None", value)
+
+    def _overlay(self, key: bytes) -> object:
+        """The key's latest write not yet in the store, or _ABSENT."""
+        value = self._open.writes.get(key, _ABSENT)
+        if value is _ABSENT and self._sealed is not None:
+            value = self._sealed.writes.get(key, _ABSENT)
+        return value
 
     def _change(self, key: bytes, value: bytes | None, expires_at: int | None = None) -> None:
         """A store write that the changelog carries. What expires gets its expiry index
         entry here, and says when in a header, from which a restore derives the same entry
         (no index record in the changelog)."""
-        self._writes[key] = value
+        self._open.writes[key] = value
         headers: Headers = ()
         if expires_at is not None:
             self._index(expiry_key(expires_at, key), b"")
@@ -172,7 +204,7 @@ class StreamTask:
 
     def _index(self, key: bytes, value: bytes | None) -> None:
         """A write to the store's local expiry index (rebuilt on restore, not in the changelog)."""
-        self._writes[key] = value
+        self._open.writes[key] = value
 
     def _emit(
         self,
@@ -183,9 +215,9 @@ class StreamTask:
         headers: Headers = (),
     ) -> None:
         # Every handled command and every expiry emits something: the batch starts here.
-        if self._batch_started is None:
-            self._batch_started = time.monotonic()
-        self._outputs.append(Output(topic, key, value, partition, headers))
+        if self._open.started is None:
+            self._open.started = time.monotonic()
+        self._open.outputs.append(Output(topic, key, value, partition, headers))
 
     def _dead_letter(self, record: ConsumerRecord[bytes, bytes], reason: str) -> None:
         log.warning("%s[%d]@%d to the DLQ: %s", record.topic, record.partition, record.offset, reason)
@@ -201,29 +233,44 @@ class StreamTask:
     # -- committing ----------------------------------------------------------------
 
     async def commit(self) -> None:
-        """Commit the open batch in one transaction, then write RocksDB. Raises on any
-        failure; the caller then discards this task and builds a fresh one."""
-        if not self.has_pending:
-            return
+        """Seal the open batch and commit it in one transaction, then write RocksDB; a
+        commit in flight is waited for first. Raises on any failure, and the task is then
+        failed for good: the caller discards it and builds a fresh one."""
+        async with self._commit_lock:
+            if self._failed is not None or self._closed:
+                raise RuntimeError(f"partition {self.partition}: the task is {'closed' if self._closed else 'failed'}")
+            if not self.has_pending:
+                return
+            batch, self._open = self._open, Batch(self.next_offset)
+            self._sealed = batch
+            try:
+                await self._commit(batch, end_offset=self._open.start_offset)
+            except BaseException as error:
+                self._failed = error
+                raise
+            finally:
+                self._sealed = None
+
+    async def _commit(self, batch: Batch, end_offset: int) -> None:
         started = time.monotonic()
         await self.producer.begin_transaction()
-        last_offsets = await self.collector.send(self._outputs)
-        await self.producer.send_offsets_to_transaction({self.input: self.next_offset}, self.group_id)
+        last_offsets = await self.collector.send(batch.outputs)
+        await self.producer.send_offsets_to_transaction({self.input: end_offset}, self.group_id)
         await self.producer.commit_transaction()
         offsets = {}
         changelog_last = last_offsets.get(TopicPartition(self.topics.changelog, self.partition))
         if changelog_last is not None:
             offsets[self.partition] = changelog_last + 1
-        self.store.write(self._writes, offsets)
-        TRANSACTION_RECORDS.observe(len(self._outputs))
+        self.store.write(batch.writes, offsets)
+        TRANSACTION_RECORDS.observe(len(batch.outputs))
         COMMIT_SECONDS.observe(time.monotonic() - started)
-        self.committed_offset = self.next_offset
-        self._writes = {}
-        self._outputs = []
-        self._batch_started = None
+        self.committed_offset = end_offset
 
     async def close(self) -> None:
-        try:
-            await self.producer.stop()
-        finally:
-            self.store.close()
+        """Close the producer and the store, once a commit in flight is over."""
+        async with self._commit_lock:
+            self._closed = True
+            try:
+                await self.producer.stop()
+            finally:
+                self.store.close()
