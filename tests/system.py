@@ -13,12 +13,16 @@ from typing import Any
 import httpx
 import orjson
 import uvicorn
+from aiokafka import AIOKafkaConsumer
+from aiokafka.structs import ConsumerRecord
 
 from app.api.http import create_app
 from app.broker.ports import free_port
+from app.kafka.client_options import client_options
 from app.kafka.reader import read_committed
 from app.kafka.topics import TopicNames, ensure_topics, topic_specs
 from app.processing.processor import Processor
+from app.protocol import CommandEnvelope
 from app.registry import Registry, load_registry
 from app.settings import Settings
 
@@ -114,6 +118,31 @@ def with_state_dirs(settings: Settings, suffix: str) -> Settings:
             "api": settings.api.model_copy(update={"state_dir": api_dir}),
         }
     )
+
+
+def command_record(topic: str, offset: int, envelope: CommandEnvelope, partition: int = 0) -> ConsumerRecord[bytes, bytes]:
+    """The record a processor would have fetched for `envelope` at `offset`."""
+    return ConsumerRecord(
+        topic=topic, partition=partition, offset=offset, timestamp=0, timestamp_type=0, key=envelope.key,
+        value=envelope.encode(), checksum=None, serialized_key_size=0, serialized_value_size=0, headers=[],
+    )
+
+
+@asynccontextmanager
+async def task_builders(settings: Settings, registry: Registry, *names: str) -> AsyncIterator[list[Processor]]:
+    """Processors that are not running, one per name (own state directories), each with a
+    consumer in the group but no subscription: for building StreamTasks by hand
+    (`_build_task`) and driving them record by record."""
+    processors = [Processor(with_state_dirs(settings, name), registry) for name in names]
+    try:
+        for p in processors:
+            p._consumer = AIOKafkaConsumer(**client_options(settings), group_id=p.group_id, enable_auto_commit=False)
+            await p._consumer.start()
+        yield processors
+    finally:
+        for p in processors:
+            if p._consumer is not None:
+                await p._consumer.stop()
 
 
 async def read_topic(settings: Settings, topic: str, decode: bool = True) -> list[Any]:

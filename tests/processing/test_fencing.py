@@ -8,43 +8,27 @@ from pathlib import Path
 
 import orjson
 import pytest
-from aiokafka import AIOKafkaConsumer
-from aiokafka.structs import ConsumerRecord
 
-from app.kafka.client_options import client_options
 from app.kafka.reader import read_committed
 from app.kafka.topics import TopicNames, ensure_topics, topic_specs
-from app.processing.processor import Processor
 from app.protocol import CommandEnvelope, aggregate_key
 from app.registry import load_registry
 from app.settings import Settings
 from bench import crash
 from bench.cluster import Cluster, api_ready, wait_until
-from tests.system import with_state_dirs
+from tests.system import command_record, task_builders
 
 pytestmark = pytest.mark.kafka
-
-
-def _record(topic: str, offset: int, envelope: CommandEnvelope) -> ConsumerRecord[bytes, bytes]:
-    return ConsumerRecord(
-        topic=topic, partition=0, offset=offset, timestamp=0, timestamp_type=0, key=envelope.key,
-        value=envelope.encode(), checksum=None, serialized_key_size=0, serialized_value_size=0, headers=[],
-    )
 
 
 async def test_the_old_owner_of_a_partition_cannot_commit_after_the_new_one_started(settings: Settings) -> None:
     registry = load_registry(settings.domain)
     await ensure_topics(settings, topic_specs(settings, registry))
     names = TopicNames(settings.app)
-    old_owner = Processor(with_state_dirs(settings, "old"), registry)
-    new_owner = Processor(with_state_dirs(settings, "new"), registry)
-    for p in (old_owner, new_owner):
-        p._consumer = AIOKafkaConsumer(**client_options(settings), group_id=p.group_id, enable_auto_commit=False)
-        await p._consumer.start()
-    try:
+    async with task_builders(settings, registry, "old", "new") as (old_owner, new_owner):
         envelope = CommandEnvelope("cmd-1", "accounts", "z1", "open", {"owner": "zed"})
         old = await old_owner._build_task(0)
-        old.process(_record(names.commands, 0, envelope))  # handled, not yet committed ...
+        old.process(command_record(names.commands, 0, envelope))  # handled, not yet committed ...
         new = await new_owner._build_task(0)  # ... when the partition moves on
         with pytest.raises(Exception) as fenced:
             await old.commit()
@@ -52,15 +36,11 @@ async def test_the_old_owner_of_a_partition_cannot_commit_after_the_new_one_star
         assert old.store.get(aggregate_key("accounts", "z1")) is None  # RocksDB untouched
         await old.close()
 
-        new.process(_record(names.commands, 0, envelope))
+        new.process(command_record(names.commands, 0, envelope))
         await new.commit()
         await new.close()
         events = [orjson.loads(r.value) for r in await read_committed(settings, names.events("accounts"))]
         assert [(e["aggregate_id"], e["type"], e["version"]) for e in events] == [("z1", "Opened", 1)]
-    finally:
-        for p in (old_owner, new_owner):
-            assert p._consumer is not None
-            await p._consumer.stop()
 
 
 async def test_a_frozen_processor_gives_its_partitions_up_and_commits_nothing(settings: Settings, tmp_path: Path) -> None:
