@@ -53,6 +53,11 @@ from app.state.store import RocksDBStore, open_store
 
 log = logging.getLogger(__name__)
 
+# Commits in flight get a turn every this many commands handled: each commit waits on
+# several round trips, and a whole poll's worth of handling before each of them
+# stretched a commit to most of a second under a backlog.
+YIELD_EVERY = 64
+
 
 class Processor:
     def __init__(
@@ -138,8 +143,10 @@ class Processor:
             for tp, records in batches.items():
                 task = self.tasks.get(tp.partition)
                 if task is not None:
-                    for record in records:
+                    for n, record in enumerate(records, 1):
                         task.process(record)
+                        if n % YIELD_EVERY == 0:
+                            await asyncio.sleep(0)
                     if tp.partition in self._commits and task.pending_commands >= batch_max:
                         consumer.pause(tp)  # a full batch waits for the commit in flight
             self._expire_due()

@@ -24,8 +24,10 @@ DEPOSIT = CommandEnvelope("c-deposit", "accounts", "a1", "deposit", {"amount": 5
 
 
 async def _outcomes(settings: Settings) -> list[tuple[str, str, int]]:
+    """Every committed outcome, by version (the results topic is keyed by command id, so
+    the two land on different partitions)."""
     records = await read_committed(settings, TopicNames(settings.app).results)
-    return [(o["command_id"], o["status"], o["version"]) for o in (orjson.loads(r.value) for r in records)]
+    return sorted(((o["command_id"], o["status"], o["version"]) for o in (orjson.loads(r.value) for r in records)), key=lambda o: o[2])
 
 
 def _version(task: StreamTask) -> int | None:
