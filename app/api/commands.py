@@ -37,7 +37,12 @@ from domain.aggregate import ALREADY_EXISTS, NOT_FOUND, AggregateType
 log = logging.getLogger(__name__)
 
 _VERSION_TAG = re.compile(r'^(?:W/)?"(\d{1,18})"$')
-_MAX_ID = 200
+MAX_ID = 200
+
+
+def command_url(aggregate_type: AggregateType[Any], name: str) -> str:
+    """The route of a command, as mounted and as documented."""
+    return f"/v1/{aggregate_type.name}/{{id}}/{name}"
 
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -49,8 +54,8 @@ def etag(version: int) -> dict[str, str]:
 
 
 def check_id(kind: str, value: str) -> None:
-    if not value or len(value) > _MAX_ID or any(ord(c) < 32 for c in value):
-        raise Problem(400, f"invalid_{kind}", f"{kind} must be 1 to {_MAX_ID} printable characters")
+    if not value or len(value) > MAX_ID or any(ord(c) < 32 for c in value):
+        raise Problem(400, f"invalid_{kind}", f"{kind} must be 1 to {MAX_ID} printable characters")
 
 
 def outcome_response(outcome: Outcome) -> Response:

@@ -19,7 +19,16 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
 from app.api.auth import BearerAuth
-from app.api.commands import CommandEndpoint, CommandIntake, check_id, etag, json_response, outcome_response
+from app.api.commands import (
+    MAX_ID,
+    CommandEndpoint,
+    CommandIntake,
+    check_id,
+    command_url,
+    etag,
+    json_response,
+    outcome_response,
+)
 from app.api.gateway import CommandGateway
 from app.api.problems import Problem
 from app.api.replica import StateReplica
@@ -125,7 +134,7 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
     for aggregate_type in registry.values():
         for name in aggregate_type.commands:
             endpoint = CommandEndpoint(intake, aggregate_type, name)
-            app.add_route(f"/v1/{aggregate_type.name}/{{id}}/{name}", endpoint, methods=["POST"], include_in_schema=False)
+            app.add_route(command_url(aggregate_type, name), endpoint, methods=["POST"], include_in_schema=False)
 
     @app.post("/v1/{type_name}/{id}/{command}", include_in_schema=False)
     async def unknown_command(type_name: str, id: str, command: str) -> Response:  # noqa: A002
@@ -204,7 +213,7 @@ _COMMAND_ANSWERS = {
 def _command_path(aggregate_type: AggregateType[Any], name: str, model: type) -> dict[str, Any]:
     """The OpenAPI path item of a command endpoint (they are not FastAPI routes)."""
     problem = {"application/problem+json": {"schema": {"type": "object"}}}
-    parameters = [{"name": "id", "in": "path", "required": True, "schema": {"type": "string", "maxLength": 200}}]
+    parameters = [{"name": "id", "in": "path", "required": True, "schema": {"type": "string", "maxLength": MAX_ID}}]
     parameters += [{"name": h, "in": "header", "required": False, "description": d, "schema": {"type": "string"}}
                    for h, d in _COMMAND_HEADERS]
     return {
@@ -219,7 +228,7 @@ def _command_path(aggregate_type: AggregateType[Any], name: str, model: type) ->
                 "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{_schema_name(aggregate_type, model)}"}}},
             },
             "responses": {
-                code: {"description": text, "content": {"application/json": {"schema": {"type": "object"}}} if code < "400" else problem}
+                code: {"description": text, "content": {"application/json": {"schema": {"type": "object"}}} if int(code) < 400 else problem}
                 for code, text in _COMMAND_ANSWERS.items()
             },
         }
@@ -238,7 +247,7 @@ def _document_schemas(app: FastAPI, registry: Registry) -> None:
         paths = schema.setdefault("paths", {})
         for aggregate_type in registry.values():
             for command, model in aggregate_type.commands.items():
-                paths[f"/v1/{aggregate_type.name}/{{id}}/{command}"] = _command_path(aggregate_type, command, model)
+                paths[command_url(aggregate_type, command)] = _command_path(aggregate_type, command, model)
             models: list[tuple[str, type]] = [(_schema_name(aggregate_type, m), m) for m in aggregate_type.commands.values()]
             models += [(f"{aggregate_type.name}.events.{e.type_name()}", e) for e in aggregate_type.events]
             models.append((f"{aggregate_type.name}.State", aggregate_type.state))

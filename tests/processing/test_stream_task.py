@@ -4,6 +4,7 @@ transaction is in flight, and a failed commit takes the batch built on top of it
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 
 import orjson
 import pytest
@@ -11,6 +12,7 @@ from aiokafka.errors import KafkaError
 
 from app.kafka.reader import read_committed
 from app.kafka.topics import TopicNames, ensure_topics, topic_specs
+from app.processing.processor import Processor
 from app.processing.stream_task import StreamTask
 from app.protocol import CommandEnvelope, StoredAggregate, aggregate_key
 from app.registry import load_registry
@@ -30,65 +32,68 @@ async def _outcomes(settings: Settings) -> list[tuple[str, str, int]]:
     return sorted(((o["command_id"], o["status"], o["version"]) for o in (orjson.loads(r.value) for r in records)), key=lambda o: o[2])
 
 
+@pytest.fixture
+async def processor(settings: Settings) -> AsyncIterator[Processor]:
+    """A processor whose tasks the test builds and drives by hand, on this test's topics."""
+    registry = load_registry(settings.domain)
+    await ensure_topics(settings, topic_specs(settings, registry))
+    async with task_builders(settings, registry, "p") as (built,):
+        yield built
+
+
 def _version(task: StreamTask) -> int | None:
     raw = task.store.get(aggregate_key("accounts", "a1"))
     return StoredAggregate.decode(raw).version if raw is not None else None
 
 
-async def test_a_command_handled_during_a_commit_sees_the_batch_in_flight(settings: Settings) -> None:
-    registry = load_registry(settings.domain)
-    await ensure_topics(settings, topic_specs(settings, registry))
+async def test_a_command_handled_during_a_commit_sees_the_batch_in_flight(settings: Settings, processor: Processor) -> None:
     commands = TopicNames(settings.app).commands
-    async with task_builders(settings, registry, "p") as (processor,):
-        task = await processor._build_task(0)
-        try:
-            task.process(command_record(commands, 0, OPEN))
-            first = asyncio.create_task(task.commit())
-            await asyncio.sleep(0)  # the commit has sealed the batch and is talking to the broker
-            assert task.pending_commands == 0 and not first.done()
-            task.process(command_record(commands, 1, DEPOSIT))  # needs the account the open batch created
-            await first
-            assert _version(task) == 1 and task.committed_offset == 1
-            await task.commit()
-            assert _version(task) == 2 and task.committed_offset == 2
-        finally:
-            await task.close()
+    task = await processor._build_task(0)
+    try:
+        task.process(command_record(commands, 0, OPEN))
+        first = asyncio.create_task(task.commit())
+        await asyncio.sleep(0)  # the commit has sealed the batch and is talking to the broker
+        assert task.pending_commands == 0 and not first.done()
+        task.process(command_record(commands, 1, DEPOSIT))  # needs the account the open batch created
+        await first
+        assert _version(task) == 1 and task.committed_offset == 1
+        await task.commit()
+        assert _version(task) == 2 and task.committed_offset == 2
+    finally:
+        await task.close()
     assert await _outcomes(settings) == [("c-open", "accepted", 1), ("c-deposit", "accepted", 2)]
 
 
-async def test_a_failed_commit_discards_the_batch_handled_on_top_of_it(settings: Settings) -> None:
-    registry = load_registry(settings.domain)
-    await ensure_topics(settings, topic_specs(settings, registry))
+async def test_a_failed_commit_discards_the_batch_handled_on_top_of_it(settings: Settings, processor: Processor) -> None:
     commands = TopicNames(settings.app).commands
-    async with task_builders(settings, registry, "p") as (processor,):
-        task = await processor._build_task(0)
+    task = await processor._build_task(0)
 
-        async def broken_commit() -> None:
-            raise KafkaError("the broker went away mid-commit")
+    async def broken_commit() -> None:
+        raise KafkaError("the broker went away mid-commit")
 
-        task.producer.commit_transaction = broken_commit  # type: ignore[method-assign]
-        try:
-            task.process(command_record(commands, 0, OPEN))
-            first = asyncio.create_task(task.commit())
-            await asyncio.sleep(0)
-            task.process(command_record(commands, 1, DEPOSIT))  # read the open that never commits
-            with pytest.raises(KafkaError):
-                await first
-            with pytest.raises(RuntimeError, match="failed"):
-                await task.commit()  # the deposit must not commit on its own
-            assert _version(task) is None and task.committed_offset == 0
-        finally:
-            await task.close()
+    task.producer.commit_transaction = broken_commit  # type: ignore[method-assign]
+    try:
+        task.process(command_record(commands, 0, OPEN))
+        first = asyncio.create_task(task.commit())
+        await asyncio.sleep(0)
+        task.process(command_record(commands, 1, DEPOSIT))  # read the open that never commits
+        with pytest.raises(KafkaError):
+            await first
+        with pytest.raises(RuntimeError, match="failed"):
+            await task.commit()  # the deposit must not commit on its own
+        assert _version(task) is None and task.committed_offset == 0
+    finally:
+        await task.close()
 
-        # The next task for the partition (what the processor builds after a failure) fences
-        # the open transaction and handles both commands again, from the committed offset.
-        again = await processor._build_task(0)
-        try:
-            assert again.next_offset == 0
-            again.process(command_record(commands, 0, OPEN))
-            again.process(command_record(commands, 1, DEPOSIT))
-            await again.commit()
-            assert _version(again) == 2
-        finally:
-            await again.close()
+    # The next task for the partition (what the processor builds after a failure) fences
+    # the open transaction and handles both commands again, from the committed offset.
+    again = await processor._build_task(0)
+    try:
+        assert again.next_offset == 0
+        again.process(command_record(commands, 0, OPEN))
+        again.process(command_record(commands, 1, DEPOSIT))
+        await again.commit()
+        assert _version(again) == 2
+    finally:
+        await again.close()
     assert await _outcomes(settings) == [("c-open", "accepted", 1), ("c-deposit", "accepted", 2)]
