@@ -13,11 +13,11 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -206,6 +206,25 @@ def scratch_settings(broker: EmbeddedBroker, app_prefix: str, partitions: int) -
         topics={"partitions": partitions},
         _env_file=None,
     )
+
+
+T = TypeVar("T")
+
+
+def run_harness(main: Coroutine[Any, Any, T]) -> T:
+    """asyncio.run for a harness: SIGTERM cancels `main` as Ctrl-C does, so that its
+    `finally` blocks stop the scratch broker and the child processes on the way out."""
+
+    async def cancellable() -> T:
+        task = asyncio.current_task()
+        assert task is not None
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+        return await main
+
+    try:
+        return asyncio.run(cancellable())
+    except asyncio.CancelledError:
+        raise SystemExit(128 + signal.SIGTERM) from None
 
 
 @asynccontextmanager

@@ -28,7 +28,7 @@ from rich.table import Table
 from app.kafka.topics import TopicNames, ensure_topics, topic_specs
 from app.registry import load_registry
 from app.settings import Settings
-from bench.cluster import Cluster, EskProcess, metric_sum, scratch_broker, scratch_settings
+from bench.cluster import Cluster, EskProcess, metric_sum, run_harness, scratch_broker, scratch_settings
 from bench.measure import drain
 from bench.workload import accounts_commands, command_records, committed_lag, produce
 
@@ -169,7 +169,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="50k commands over 5k accounts")
     args = parser.parse_args()
     commands, accounts = (50_000, 5_000) if args.quick else (1_000_000, 100_000)
-    results = asyncio.run(run(commands, accounts, 6))
+    results = run_harness(run(commands, accounts, 6))
     console.print(render(results, commands, accounts))
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from app.settings import Settings
-from bench.cluster import Cluster, new_app, scratch_broker, scratch_settings
+from bench.cluster import Cluster, new_app, run_harness, scratch_broker, scratch_settings
 from bench.http_load import LoadSpec, run_load
 from bench.measure import cpu_cores
 from bench.results import Report, console
@@ -101,7 +101,7 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=6)
     parser.add_argument("--budget-mb", type=int, default=128)
     args = parser.parse_args()
-    asyncio.run(run(QUICK if args.quick else FULL, args.partitions, args.budget_mb))
+    run_harness(run(QUICK if args.quick else FULL, args.partitions, args.budget_mb))
 
 
 if __name__ == "__main__":

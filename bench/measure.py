@@ -7,18 +7,22 @@ import asyncio
 import math
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from aiokafka.errors import GroupCoordinatorNotAvailableError
 import psutil
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import GroupCoordinatorNotAvailableError
 from prometheus_client.parser import text_string_to_metric_families
 
+from app.kafka.client_options import client_options
+from app.kafka.metadata import topic_partitions
+from app.kafka.topics import TopicNames
 from app.settings import Settings
 from bench.cluster import EskProcess
 from bench.results import Report
-from bench.workload import committed_lag
+from bench.workload import PROBES, committed_lag, probe_records, produce
 
 
 @dataclass
@@ -65,29 +69,91 @@ async def drain(
     raise TimeoutError(f"{process.name} did not drain {topic} in {timeout_s:.0f}s")
 
 
-async def until_ready(process: EskProcess, partitions: int, timeout_s: float) -> float:
-    """Start `process` and return the seconds until it owns every partition, restored."""
-    started = time.perf_counter()
-    process.start()
-    while time.perf_counter() - started < timeout_s:
-        if process.metric("esk_active_tasks") == partitions:
-            return time.perf_counter() - started
-        await asyncio.sleep(0.02)
-    raise TimeoutError(f"{process.name} not ready in {timeout_s:.0f}s")
+class OutputWatch:
+    """Counts the records written to `topic` from the moment it is entered, read uncommitted:
+    what a process has produced, whatever its commit cadence."""
+
+    def __init__(self, settings: Settings, topic: str) -> None:
+        self._settings, self._topic = settings, topic
+
+    async def __aenter__(self) -> OutputWatch:
+        self._consumer = AIOKafkaConsumer(**client_options(self._settings), group_id=None, enable_auto_commit=False)
+        await self._consumer.start()
+        tps = [TopicPartition(self._topic, p) for p in await topic_partitions(self._consumer, self._topic)]
+        self._consumer.assign(tps)
+        for tp, end in (await self._consumer.end_offsets(tps)).items():
+            self._consumer.seek(tp, end)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._consumer.stop()
+
+    async def poll(self, timeout_s: float) -> int:
+        """The records seen within `timeout_s`."""
+        batches = await self._consumer.getmany(timeout_ms=int(timeout_s * 1000))
+        return sum(len(batch) for batch in batches.values())
 
 
-async def restarts(processor: EskProcess, partitions: int, aggregates: int, report: Report) -> None:
-    """W3, on a stopped processor that has built its state: ready after a clean stop, then
-    after losing its state directory (a full restore)."""
-    ready = await until_ready(processor, partitions, 600)
-    report.add("W3", "esk ready after clean stop", ready, "s", f"{aggregates:,} aggregates")
+@dataclass
+class Restart:
+    outputs_s: float  # from start until every probe command's output is written
+    ready_s: float | None  # until `ready` held (esk: it owns every partition, restored)
+
+
+async def restart(
+    settings: Settings,
+    start: Callable[[], object],
+    commands: str,
+    outputs: str,
+    probes: list[tuple[bytes, bytes]],
+    timeout_s: float,
+    ready: Callable[[], bool] | None = None,
+) -> Restart:
+    """W3 for any system: put `probes` (one output each) on `commands`, call `start`, and
+    time it until their outputs are on `outputs` (and until `ready`, when given)."""
+    async with OutputWatch(settings, outputs) as watch:
+        await produce(settings, commands, probes)
+        started = time.perf_counter()
+        start()
+        outputs_s = ready_s = None
+        seen = 0
+        while outputs_s is None or (ready is not None and ready_s is None):
+            elapsed = time.perf_counter() - started
+            if elapsed > timeout_s:
+                raise TimeoutError(f"{seen} of {len(probes)} outputs on {outputs} after {timeout_s:.0f}s")
+            if ready is not None and ready_s is None and ready():
+                ready_s = elapsed
+            seen += await watch.poll(0.02)
+            if outputs_s is None and seen >= len(probes):
+                outputs_s = time.perf_counter() - started
+        return Restart(outputs_s, ready_s)
+
+
+async def restarts(settings: Settings, processor: EskProcess, partitions: int, aggregates: list[str], report: Report) -> None:
+    """W3, on a stopped processor that has built its state over `aggregates` (accounts):
+    restarted after a clean stop, then after losing its state directory (a full restore)."""
+    names = TopicNames(settings.app)
+
+    async def timed(after: str) -> Restart:
+        return await restart(settings, processor.start, names.commands, names.results, probe_records(aggregates, after), 3600,
+                             ready=lambda: processor.metric("esk_active_tasks") == partitions)
+
+    clean = await timed("clean stop")
+    report.add("W3", "esk ready after clean stop", clean.ready_s or 0, "s", f"{len(aggregates):,} aggregates")
+    report.add("W3", w3_outputs_row("esk", "clean stop"), clean.outputs_s, "s", f"{PROBES} new commands")
     processor.stop()
     shutil.rmtree(processor.env["ESK_PROCESSOR__STATE_DIR"])
-    ready = await until_ready(processor, partitions, 3600)
+    lost = await timed("lost state")
     restored = processor.metric("esk_restore_records_total", role="processor") or 0
+    ready = lost.ready_s or 0
     report.add("W3", "esk ready after losing its state", ready, "s", f"{restored:,.0f} records restored")
+    report.add("W3", w3_outputs_row("esk", "lost state"), lost.outputs_s, "s", f"{PROBES} new commands")
     report.add("W3", "esk full restore rate", restored / ready, "records/s")
     processor.stop()
+
+
+def w3_outputs_row(system: str, after: str) -> str:
+    return f"{system} outputs of new commands after {after}"
 
 
 @contextmanager

@@ -9,7 +9,6 @@ ceilings and the peer, because this machine is noisy.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import platform
 import tempfile
 import time
@@ -23,12 +22,12 @@ from app.kafka.topics import TopicNames, TopicSpec, ensure_topics, topic_specs
 from app.registry import load_registry
 from app.settings import PROJECT_ROOT
 from bench import ceilings, http_e2e, peer, projection
-from bench.cluster import Cluster, scratch_broker, scratch_settings
+from bench.cluster import Cluster, run_harness, scratch_broker, scratch_settings
 from bench.http_e2e import W2Sizes
-from bench.measure import drain, histogram_quantile, restarts
+from bench.measure import drain, histogram_quantile, restarts, w3_outputs_row
 from bench.projection import W4Sizes
 from bench.results import Report, console
-from bench.workload import accounts_commands, command_records, produce
+from bench.workload import account_ids, accounts_commands, command_records, produce
 
 
 @dataclass(frozen=True)
@@ -78,33 +77,33 @@ async def run(sizes: Sizes, partitions: int, budget_mb: int, with_peer: bool) ->
         cluster = Cluster(settings, workdir)
         processor = cluster.processor("processor", ESK_PROCESSOR__MEMORY_BUDGET_MB=str(budget_mb))
         group = f"{settings.app}.processor"
-        w1 = await drain(settings, processor, group, names.commands, partitions, timeout_s=3600)
-        assert w1.drained_after_s is not None and w1.ready_after_s is not None
-        processing_s = w1.drained_after_s - w1.ready_after_s
-        report.add("W1", "esk processor", commands_n / processing_s, "commands/s",
-                   f"ready {w1.ready_after_s:.1f}s, drained {w1.drained_after_s:.1f}s")
-        for q in (0.5, 0.99):
-            bound = histogram_quantile(processor, "esk_commit_seconds", q)
-            if bound is not None:
-                report.add("W1", f"esk commit latency p{int(q * 100)} (<=)", bound * 1000, "ms")
-        report.add("W5", "esk processor max RSS", w1.max_rss_mb, "MB", f"budget {budget_mb} MB")
-        events = len(await read_committed(settings, names.events("accounts")))
-        report.add("W1", "events emitted", events, "events")
+        try:
+            w1 = await drain(settings, processor, group, names.commands, partitions, timeout_s=3600)
+            assert w1.drained_after_s is not None and w1.ready_after_s is not None
+            processing_s = w1.drained_after_s - w1.ready_after_s
+            report.add("W1", "esk processor", commands_n / processing_s, "commands/s",
+                       f"ready {w1.ready_after_s:.1f}s, drained {w1.drained_after_s:.1f}s")
+            for q in (0.5, 0.99):
+                bound = histogram_quantile(processor, "esk_commit_seconds", q)
+                if bound is not None:
+                    report.add("W1", f"esk commit latency p{int(q * 100)} (<=)", bound * 1000, "ms")
+            report.add("W5", "esk processor max RSS", w1.max_rss_mb, "MB", f"budget {budget_mb} MB")
+            events = len(await read_committed(settings, names.events("accounts")))
+            report.add("W1", "events emitted", events, "events")
 
-        # -- W3: restart after a clean stop, and after losing the state --------------------
-        processor.stop()
-        await restarts(processor, partitions, accounts_n, report)
+            # -- W3: restart after a clean stop, and after losing the state ----------------
+            processor.stop()
+            await restarts(settings, processor, partitions, account_ids(accounts_n), report)
+        finally:
+            cluster.stop_all()
 
         # -- W2 and W4, each on an application of its own ---------------------------------
         await http_e2e.measure(settings, workdir, sizes.w2, budget_mb, broker_pid, report)
         await projection.measure(settings, workdir, sizes.w4, budget_mb, report)
 
-        # -- the peer: the same validation as a Quix Streams app --------------------------
+        # -- the peer: the same validation as a Quix Streams app, W1 and W3 ----------------
         if with_peer:
-            peer_run = await peer.run_quix(settings, workdir, names.commands, commands_n, partitions)
-            report.add("W1", "Quix Streams peer", commands_n / peer_run.processing_s, "commands/s",
-                       f"ready {peer_run.ready_s:.1f}s")
-            report.add("W5", "Quix Streams peer max RSS", peer_run.max_rss_mb, "MB")
+            await peer.measure(settings, workdir, names.commands, partitions, account_ids(accounts_n), report)
         return report
 
 
@@ -113,7 +112,7 @@ def ratios(report: Report, budget_mb: int) -> list[tuple[str, float | None, str]
     # the way esk uses the client: record batches inside transactions
     produce = report.get("C", "aiokafka produce, esk's batches in transactions")
     consume = report.get("C", "aiokafka consume")
-    quix = report.get("W1", "Quix Streams peer")
+    quix = report.get("W1", f"{peer.SYSTEM} peer")
     client_ceiling = None
     if produce and consume:
         # each command reads one record and writes about three: the ceiling is the rate at
@@ -123,6 +122,12 @@ def ratios(report: Report, budget_mb: int) -> list[tuple[str, float | None, str]
         ("W1 esk / client ceiling (1 read + 3 writes)", w1 / client_ceiling if w1 and client_ceiling else None, ">= 0.5"),
         ("W1 esk / Quix Streams", w1 / quix if w1 and quix else None, ">= 1.5"),
     ]
+    for after in ("clean stop", "lost state"):
+        # restart speed: the peer's time over esk's, so that above 1 means esk is faster
+        esk_s = report.get("W3", w3_outputs_row("esk", after))
+        quix_s = report.get("W3", w3_outputs_row(peer.SYSTEM, after))
+        out.append((f"W3 esk / Quix Streams, restart after {after} (Quix s / esk s)",
+                    quix_s / esk_s if esk_s and quix_s else None, "none set"))
     rss = report.get("W5", "esk processor max RSS")
     over = rss - budget_mb if rss is not None else None
     return out + [
@@ -149,7 +154,7 @@ def main() -> None:
     parser.add_argument("--budget-mb", type=int, default=128)
     args = parser.parse_args()
     started = time.perf_counter()
-    report = asyncio.run(run(QUICK if args.quick else FULL, 6, args.budget_mb, not args.no_peer))
+    report = run_harness(run(QUICK if args.quick else FULL, 6, args.budget_mb, not args.no_peer))
     console.print(render(report))
     for name, value, target in ratios(report, args.budget_mb):
         console.print(f"{name}: {'n/a' if value is None else f'{value:.2f}'}  (target {target})", highlight=False)

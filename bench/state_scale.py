@@ -8,13 +8,12 @@ budget, the time to ready after a clean stop, and after losing its state directo
 from __future__ import annotations
 
 import argparse
-import asyncio
 import tempfile
 from pathlib import Path
 
 from app.kafka.topics import TopicNames, ensure_topics, topic_specs
 from app.registry import load_registry
-from bench.cluster import Cluster, scratch_broker, scratch_settings
+from bench.cluster import Cluster, run_harness, scratch_broker, scratch_settings
 from bench.measure import drain, restarts
 from bench.results import Report, console
 from bench.workload import account_ids, account_opens, command_records, produce
@@ -36,7 +35,7 @@ async def run(aggregates: int, budget_mb: int, partitions: int) -> Report:
             report.add("W1", "esk processor, creating aggregates", aggregates / processing_s, "commands/s")
             report.add("W5", "esk processor max RSS", built.max_rss_mb, "MB", f"budget {budget_mb} MB")
             processor.stop()
-            await restarts(processor, partitions, aggregates, report)
+            await restarts(settings, processor, partitions, account_ids(aggregates), report)
         finally:
             cluster.stop_all()
     return report
@@ -47,7 +46,7 @@ def main() -> None:
     parser.add_argument("--aggregates", type=int, default=1_000_000)
     parser.add_argument("--budget-mb", type=int, default=128)
     args = parser.parse_args()
-    report = asyncio.run(run(args.aggregates, args.budget_mb, 6))
+    report = run_harness(run(args.aggregates, args.budget_mb, 6))
     rss = report.get("W5", "esk processor max RSS")
     if rss is not None:
         console.print(f"max RSS minus the RocksDB budget: {rss - args.budget_mb:.0f} MB (target <= 150)", highlight=False)

@@ -40,6 +40,16 @@ def account_moves(ids: list[str], seed: int, id_prefix: str = "c") -> Iterator[C
         )
 
 
+PROBES = 24  # new commands that time a restart (W3): a few per partition
+
+
+def probe_records(ids: list[str], tag: str) -> list[tuple[bytes, bytes]]:
+    """`PROBES` deposits on accounts spread over `ids`, with command ids of their own."""
+    step = max(len(ids) // PROBES, 1)
+    return command_records([CommandEnvelope(f"probe-{tag.replace(' ', '-')}-{n}", "accounts", a, "deposit", {"amount": 1}, submitted_at=0)
+                            for n, a in enumerate(ids[::step][:PROBES])])
+
+
 def accounts_commands(n_commands: int, n_accounts: int, seed: int) -> list[CommandEnvelope]:
     """The W1 workload: opens for every account first, then deposits and withdrawals."""
     ids = account_ids(n_accounts)
