@@ -18,12 +18,14 @@ from app.api.http import create_app
 from app.processing.processor import Processor
 from app.registry import load_registry
 from app.settings import Settings
+from app.state.allocator import return_large_blocks
 from app.state.restore import RestoreProgress
 
 log = logging.getLogger(__name__)
 
 
 def run_processor(settings: Settings) -> None:
+    return_large_blocks()
     registry = load_registry(settings.domain)
     if settings.processor.metrics_port is not None:
         start_http_server(settings.processor.metrics_port, settings.processor.metrics_host)
@@ -57,6 +59,7 @@ async def _until_signalled(main) -> None:  # type: ignore[no-untyped-def]
 
 
 def run_api(settings: Settings) -> None:
+    return_large_blocks()
     registry = load_registry(settings.domain)
     uvicorn.run(
         create_app(settings, registry),

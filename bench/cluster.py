@@ -218,7 +218,12 @@ def run_harness(main: Coroutine[Any, Any, T]) -> T:
     async def cancellable() -> T:
         task = asyncio.current_task()
         assert task is not None
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+
+        def cancel_once() -> None:  # a second SIGTERM must not cut the clean-up short
+            if not task.cancelling():
+                task.cancel()
+
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, cancel_once)
         return await main
 
     try:

@@ -103,7 +103,6 @@ class Processor:
             session_timeout_ms=p.session_timeout_ms,
             heartbeat_interval_ms=max(p.session_timeout_ms // 4, 500),
             max_poll_interval_ms=p.max_poll_interval_ms,
-            max_partition_fetch_bytes=4 * 1024 * 1024,
             # round robin only while a group still has members of a version without ours
             partition_assignment_strategy=(self.assignor, RoundRobinPartitionAssignor),
         )

@@ -27,7 +27,9 @@ Headers = Sequence[tuple[str, bytes]]
 _partitioner = DefaultPartitioner()
 
 
-@lru_cache(maxsize=100_000)
+# Keys of hot aggregates repeat; command ids (the results' keys) do not, so a large cache
+# would only hold those (100,000 entries took 20 MB).
+@lru_cache(maxsize=8192)
 def _partition_for(key: bytes, count: int) -> int:
     partitions = list(range(count))
     return int(_partitioner(key, partitions, partitions))
