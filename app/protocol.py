@@ -1,5 +1,7 @@
 """What esk writes on its topics and into its stores, and how it is encoded (JSON via orjson,
-which serializes these dataclasses natively).
+which serializes these dataclasses natively). They are values: nothing changes one after
+it is made. They are not frozen only because a frozen dataclass's __init__ costs five
+times as much, and the processor makes several of them per command.
 
 - commands topic: key `<type>/<id>`, value `CommandEnvelope`
 - `<app>.<type>.events`: key `<id>`, value an event record, headers esk-*
@@ -70,7 +72,7 @@ def parse_expiry_key(index_key: bytes) -> tuple[int, bytes]:
     return int(stamp), key
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class CommandEnvelope:
     command_id: str
     aggregate_type: str
@@ -122,7 +124,7 @@ class Status(StrEnum):
     PRECONDITION_FAILED = "precondition_failed"
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Outcome:
     command_id: str
     aggregate_type: str
@@ -145,7 +147,7 @@ class Outcome:
         return cls(**data)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class StoredAggregate:
     version: int
     state: dict[str, Any]
@@ -160,7 +162,7 @@ class StoredAggregate:
         return cls(**orjson.loads(value))
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class EventRecord:
     """One event as it stands on `<app>.<type>.events`."""
 

@@ -142,10 +142,10 @@ class Processor:
             for tp, records in batches.items():
                 task = self.tasks.get(tp.partition)
                 if task is not None:
-                    for n, record in enumerate(records, 1):
-                        task.process(record)
-                        if n % YIELD_EVERY == 0:
+                    for start in range(0, len(records), YIELD_EVERY):
+                        if start:
                             await asyncio.sleep(0)
+                        task.process(records[start:start + YIELD_EVERY])
                     if tp.partition in self._commits and task.pending_commands >= batch_max:
                         consumer.pause(tp)  # a full batch waits for the commit in flight
             self._expire_due()

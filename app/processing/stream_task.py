@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -32,7 +33,7 @@ from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.structs import ConsumerRecord
 
 from app.kafka.topics import TopicNames
-from app.metrics import COMMANDS, COMMIT_SECONDS, DLQ_RECORDS, TRANSACTION_RECORDS
+from app.metrics import COMMIT_SECONDS, DLQ_RECORDS, TRANSACTION_RECORDS, commands_counter
 from app.processing.command_handler import handle_command, refusal
 from app.processing.record_collector import Headers, Output, RecordCollector
 from app.protocol import (
@@ -95,6 +96,7 @@ class StreamTask:
         self.dedup_window_ms = dedup_window_ms
         self._open = Batch(next_offset)
         self._sealed: Batch | None = None  # the batch whose transaction is in flight
+        self._fetched: dict[bytes, bytes | None] = {}  # store values read ahead by process()
         self._commit_lock = asyncio.Lock()
         self._failed: BaseException | None = None
         self._closed = False
@@ -114,15 +116,37 @@ class StreamTask:
         started = self._open.started
         return 0.0 if started is None else time.monotonic() - started
 
-    def process(self, record: ConsumerRecord[bytes, bytes]) -> None:
-        if record.offset < self.next_offset:
-            return  # fetched before a rewind; handled already
-        self.next_offset = record.offset + 1
+    def process(self, records: Sequence[ConsumerRecord[bytes, bytes]]) -> None:
+        """Handle `records` in order. What they read from the store is fetched first, in one
+        multi-get: a get per key cost more than the rest of a command's reads together.
+        Nothing here awaits, and that is what keeps the fetched values true: the store is
+        written only by a commit, which runs when the handling gives the loop a turn."""
+        handled: list[tuple[ConsumerRecord[bytes, bytes], CommandEnvelope | DecodeError]] = []
+        wanted: list[bytes] = []
+        next_offset = self.next_offset
+        for record in records:
+            if record.offset < next_offset:
+                continue  # fetched before a rewind; handled already
+            next_offset = record.offset + 1
+            try:
+                envelope = CommandEnvelope.decode(record.value)
+            except DecodeError as error:
+                handled.append((record, error))
+                continue
+            handled.append((record, envelope))
+            wanted += (command_key(envelope.command_id), aggregate_key(envelope.aggregate_type, envelope.aggregate_id))
+        self._fetched = self.store.get_many([key for key in wanted if self._overlay(key) is _ABSENT])
         try:
-            envelope = CommandEnvelope.decode(record.value)
-        except DecodeError as error:
-            self._dead_letter(record, str(error))
-            return
+            for record, decoded in handled:
+                self.next_offset = record.offset + 1
+                if isinstance(decoded, DecodeError):
+                    self._dead_letter(record, str(decoded))
+                else:
+                    self._handle(record, decoded)
+        finally:
+            self._fetched = {}
+
+    def _handle(self, record: ConsumerRecord[bytes, bytes], envelope: CommandEnvelope) -> None:
         if record.key != envelope.key:
             # Ordering (G1) rests on every command of an aggregate sharing a partition.
             self._dead_letter(record, f"record key {record.key!r} does not match aggregate {envelope.key!r}")
@@ -131,7 +155,7 @@ class StreamTask:
         if previous is not None:
             # A retry: answer with the original outcome, change nothing (G3).
             self._emit(self.topics.results, envelope.command_id.encode(), previous)
-            COMMANDS.labels(envelope.aggregate_type, "duplicate").inc()
+            commands_counter(envelope.aggregate_type, "duplicate").inc()
             return
         aggregate_type = self.registry.get(envelope.aggregate_type)
         if aggregate_type is None:
@@ -157,7 +181,7 @@ class StreamTask:
         key = command_key(outcome.command_id)
         self._emit(self.topics.results, outcome.command_id.encode(), value)
         self._change(key, value, expires_at=outcome.processed_at + self.dedup_window_ms)
-        COMMANDS.labels(outcome.aggregate_type, outcome.code or outcome.status.value).inc()
+        commands_counter(outcome.aggregate_type, outcome.code or outcome.status.value).inc()
 
     def expire(self, now: int, limit: int) -> int:
         """Delete what expired before `now` (final aggregates past their retention,
@@ -182,6 +206,8 @@ class StreamTask:
 
     def _get(self, key: bytes) -> bytes | None:
         value = self._overlay(key)
+        if value is _ABSENT:
+            value = self._fetched.get(key, _ABSENT)
         return self.store.get(key) if value is _ABSENT else cast("bytes | None", value)
 
     def _overlay(self, key: bytes) -> object:

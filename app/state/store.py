@@ -30,6 +30,10 @@ class StateStore(ABC):
     def get(self, key: bytes) -> bytes | None: ...
 
     @abstractmethod
+    def get_many(self, keys: list[bytes]) -> dict[bytes, bytes | None]:
+        """The values of `keys` (None where absent), read in one call."""
+
+    @abstractmethod
     def changelog_offsets(self) -> dict[int, int]:
         """changelog partition -> next offset to apply."""
 
@@ -65,6 +69,10 @@ class RocksDBStore(StateStore):
     def get(self, key: bytes) -> bytes | None:
         assert self._db is not None
         return self._db.get(key)  # type: ignore[no-any-return]
+
+    def get_many(self, keys: list[bytes]) -> dict[bytes, bytes | None]:
+        assert self._db is not None
+        return dict(zip(keys, self._db.get(keys))) if keys else {}
 
     def changelog_offsets(self) -> dict[int, int]:
         assert self._meta is not None

@@ -28,7 +28,7 @@ async def test_the_old_owner_of_a_partition_cannot_commit_after_the_new_one_star
     async with task_builders(settings, registry, "old", "new") as (old_owner, new_owner):
         envelope = CommandEnvelope("cmd-1", "accounts", "z1", "open", {"owner": "zed"})
         old = await old_owner._build_task(0)
-        old.process(command_record(names.commands, 0, envelope))  # handled, not yet committed ...
+        old.process([command_record(names.commands, 0, envelope)])  # handled, not yet committed ...
         new = await new_owner._build_task(0)  # ... when the partition moves on
         with pytest.raises(Exception) as fenced:
             await old.commit()
@@ -36,7 +36,7 @@ async def test_the_old_owner_of_a_partition_cannot_commit_after_the_new_one_star
         assert old.store.get(aggregate_key("accounts", "z1")) is None  # RocksDB untouched
         await old.close()
 
-        new.process(command_record(names.commands, 0, envelope))
+        new.process([command_record(names.commands, 0, envelope)])
         await new.commit()
         await new.close()
         events = [orjson.loads(r.value) for r in await read_committed(settings, names.events("accounts"))]

@@ -50,11 +50,11 @@ async def test_a_command_handled_during_a_commit_sees_the_batch_in_flight(settin
     commands = TopicNames(settings.app).commands
     task = await processor._build_task(0)
     try:
-        task.process(command_record(commands, 0, OPEN))
+        task.process([command_record(commands, 0, OPEN)])
         first = asyncio.create_task(task.commit())
         await asyncio.sleep(0)  # the commit has sealed the batch and is talking to the broker
         assert task.pending_commands == 0 and not first.done()
-        task.process(command_record(commands, 1, DEPOSIT))  # needs the account the open batch created
+        task.process([command_record(commands, 1, DEPOSIT)])  # needs the account the open batch created
         await first
         assert _version(task) == 1 and task.committed_offset == 1
         await task.commit()
@@ -73,10 +73,10 @@ async def test_a_failed_commit_discards_the_batch_handled_on_top_of_it(settings:
 
     task.producer.commit_transaction = broken_commit  # type: ignore[method-assign]
     try:
-        task.process(command_record(commands, 0, OPEN))
+        task.process([command_record(commands, 0, OPEN)])
         first = asyncio.create_task(task.commit())
         await asyncio.sleep(0)
-        task.process(command_record(commands, 1, DEPOSIT))  # read the open that never commits
+        task.process([command_record(commands, 1, DEPOSIT)])  # read the open that never commits
         with pytest.raises(KafkaError):
             await first
         with pytest.raises(RuntimeError, match="failed"):
@@ -90,8 +90,8 @@ async def test_a_failed_commit_discards_the_batch_handled_on_top_of_it(settings:
     again = await processor._build_task(0)
     try:
         assert again.next_offset == 0
-        again.process(command_record(commands, 0, OPEN))
-        again.process(command_record(commands, 1, DEPOSIT))
+        again.process([command_record(commands, 0, OPEN)])
+        again.process([command_record(commands, 1, DEPOSIT)])
         await again.commit()
         assert _version(again) == 2
     finally:

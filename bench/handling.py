@@ -1,0 +1,64 @@
+"""The processor's handling cost alone: microseconds per command through StreamTask.process
+on a RocksDB store, no Kafka (the accounts workload of W1). Steadier than W1 on a noisy
+machine, so it is where changes to the command path are compared first.
+
+    python -m bench.handling [--commands N] [--accounts M]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import tempfile
+import time
+from pathlib import Path
+
+from aiokafka.structs import ConsumerRecord
+
+from app.kafka.topics import TopicNames
+from app.processing.stream_task import Batch, StreamTask
+from app.registry import load_registry
+from app.settings import Settings
+from app.state.resources import StoreResources
+from app.state.store import RocksDBStore
+from bench.results import console
+from bench.workload import accounts_commands, command_records
+
+CHUNK = 64  # what the processor hands StreamTask.process at a time (processor.YIELD_EVERY)
+BATCH = 1000  # commands between store writes, as batch_max_records
+
+
+def microseconds_per_command(commands: int, accounts: int, budget_mb: int) -> float:
+    settings = Settings(_env_file=None)
+    topics = TopicNames("handling")
+    store = RocksDBStore(Path(tempfile.mkdtemp(prefix="esk-handling-")) / "store", StoreResources(budget_mb))
+    task = StreamTask(0, topics, load_registry(settings.domain), store, None, "handling", 0, dedup_window_ms=3_600_000)  # type: ignore[arg-type]
+    records = [
+        ConsumerRecord(topics.commands, 0, offset, 0, 0, key, value, None, len(key), len(value), ())
+        for offset, (key, value) in enumerate(command_records(accounts_commands(commands, accounts, seed=42)))
+    ]
+    gc.collect()
+    started = time.perf_counter()
+    for start in range(0, len(records), BATCH):
+        for chunk in range(start, min(start + BATCH, len(records)), CHUNK):
+            task.process(records[chunk:min(chunk + CHUNK, start + BATCH)])
+        # what a commit does to the store once its transaction is in, without the transaction
+        store.write(task._open.writes, {})
+        task._open = Batch(task.next_offset)
+    elapsed = time.perf_counter() - started
+    store.close()
+    return elapsed / len(records) * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--commands", type=int, default=200_000)
+    parser.add_argument("--accounts", type=int, default=20_000)
+    parser.add_argument("--budget-mb", type=int, default=128)
+    args = parser.parse_args()
+    cost = microseconds_per_command(args.commands, args.accounts, args.budget_mb)
+    console.print(f"{cost:.1f} us per command handled ({args.commands:,} commands over {args.accounts:,} accounts, no Kafka)")
+
+
+if __name__ == "__main__":
+    main()
