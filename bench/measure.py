@@ -126,6 +126,7 @@ async def restart(
             seen += await watch.poll(0.02)
             if outputs_s is None and seen >= len(probes):
                 outputs_s = time.perf_counter() - started
+        assert outputs_s is not None
         return Restart(outputs_s, ready_s)
 
 
@@ -139,16 +140,17 @@ async def restarts(settings: Settings, processor: EskProcess, partitions: int, a
                              ready=lambda: processor.metric("esk_active_tasks") == partitions)
 
     clean = await timed("clean stop")
-    report.add("W3", "esk ready after clean stop", clean.ready_s or 0, "s", f"{len(aggregates):,} aggregates")
+    assert clean.ready_s is not None
+    report.add("W3", "esk ready after clean stop", clean.ready_s, "s", f"{len(aggregates):,} aggregates")
     report.add("W3", w3_outputs_row("esk", "clean stop"), clean.outputs_s, "s", f"{PROBES} new commands")
     processor.stop()
     shutil.rmtree(processor.env["ESK_PROCESSOR__STATE_DIR"])
     lost = await timed("lost state")
     restored = processor.metric("esk_restore_records_total", role="processor") or 0
-    ready = lost.ready_s or 0
-    report.add("W3", "esk ready after losing its state", ready, "s", f"{restored:,.0f} records restored")
+    assert lost.ready_s is not None
+    report.add("W3", "esk ready after losing its state", lost.ready_s, "s", f"{restored:,.0f} records restored")
     report.add("W3", w3_outputs_row("esk", "lost state"), lost.outputs_s, "s", f"{PROBES} new commands")
-    report.add("W3", "esk full restore rate", restored / ready, "records/s")
+    report.add("W3", "esk full restore rate", restored / lost.ready_s, "records/s")
     processor.stop()
 
 

@@ -51,7 +51,11 @@ def write(report: Report, ratios: list[tuple[str, float | None, str]], docs: Pat
         *(f"| {name} | {'n/a' if value is None else f'{value:.2f}'} | {target} |" for name, value, target in ratios),
         "",
         "- C = ceilings (the clients and Kafka's own perf tools moving the same records with no processing).",
-        "- W1 = processor throughput, W3 = restart and restore, W5 = resident memory.",
+        "- W1 = processor throughput, W5 = resident memory (esk's processor and the Quix Streams peer).",
+        "- W3 = restart and restore. 'Ready' is esk's own readiness (it owns every partition, restored). 'Outputs "
+        "of new commands' is timed alike for esk and the Quix Streams peer: from the process's start until a few "
+        "commands put on the topic just before it have their outputs written (read uncommitted, so neither "
+        "system's commit cadence counts).",
         "- W2 = HTTP end to end: one API and one processor process, driven by a load generator process (aiohttp) "
         "that runs on the same 2 cores; each request waits for its command's outcome. The saturation rate is a "
         "closed loop; the latencies are an open loop at a fixed rate, counted from each request's scheduled "

@@ -117,10 +117,10 @@ class StreamTask:
         return 0.0 if started is None else time.monotonic() - started
 
     def process(self, records: Sequence[ConsumerRecord[bytes, bytes]]) -> None:
-        """Handle `records` in order. What they read from the store is fetched first, in one
-        multi-get: a get per key cost more than the rest of a command's reads together.
-        Nothing here awaits, and that is what keeps the fetched values true: the store is
-        written only by a commit, which runs when the handling gives the loop a turn."""
+        """Handle `records` in order. The store values they read are fetched first, in one
+        multi-get rather than one get per key (bench/handling.py). Nothing here awaits, and
+        that keeps the fetched values true: the store is written only by a commit, and a
+        commit runs only when the handling gives the loop a turn."""
         handled: list[tuple[ConsumerRecord[bytes, bytes], CommandEnvelope | DecodeError]] = []
         wanted: list[bytes] = []
         next_offset = self.next_offset
