@@ -112,7 +112,7 @@ def ratios(report: Report, budget_mb: int) -> list[tuple[str, float | None, str]
     # the way esk uses the client: record batches inside transactions
     produce = report.get("C", "aiokafka produce, esk's batches in transactions")
     consume = report.get("C", "aiokafka consume")
-    quix = report.get("W1", f"{peer.SYSTEM} peer")
+    quix = report.get("W1", peer.W1_ROW)
     client_ceiling = None
     if produce and consume:
         # each command reads one record and writes about three: the ceiling is the rate at
