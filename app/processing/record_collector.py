@@ -12,27 +12,17 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 from aiokafka import AIOKafkaProducer, TopicPartition
-from aiokafka.partitioner import DefaultPartitioner
+
+from app.kafka.partitioner import partition_for
 
 # A batch is one request entry: large ones keep the number of round trips per commit low,
 # while staying under the broker's default message.max.bytes (1 MiB).
 MAX_BATCH_BYTES = 512 * 1024
 
 Headers = Sequence[tuple[str, bytes]]
-
-_partitioner = DefaultPartitioner()
-
-
-# Keys of hot aggregates repeat; command ids (the results' keys) do not, so a large cache
-# would only hold those (100,000 entries took 20 MB).
-@lru_cache(maxsize=8192)
-def _partition_for(key: bytes, count: int) -> int:
-    partitions = list(range(count))
-    return int(_partitioner(key, partitions, partitions))
 
 
 @dataclass(slots=True)  # not frozen: several per command, and a frozen __init__ costs 4x
@@ -81,7 +71,7 @@ class RecordCollector:
             return out.partition
         if out.key is None:
             raise ValueError(f"a record for {out.topic} needs a key or a partition")
-        return _partition_for(out.key, self._partition_counts[out.topic])
+        return partition_for(out.key, self._partition_counts[out.topic])
 
 
 def _append(builder: Any, out: Output) -> bool:
