@@ -7,11 +7,12 @@ import re
 import subprocess
 import time
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from app.broker import EmbeddedBroker
 from app.kafka.client_options import client_options
 from app.kafka.metadata import topic_partitions
+from app.kafka.transactions import transactional_producer
 from app.processing.record_collector import MAX_BATCH_BYTES, Output, RecordCollector
 from app.settings import Settings
 
@@ -38,10 +39,7 @@ async def aiokafka_transactional_produce(settings: Settings, topic: str, records
     """The records sent the way the processor sends its outputs: record batches through
     RecordCollector, one transaction per `batch_max_records * 3` records (a batch of
     commands writes about three records each). Returns seconds."""
-    producer = AIOKafkaProducer(
-        **client_options(settings), transactional_id=f"{topic}-ceiling", enable_idempotence=True, acks="all",
-        linger_ms=2, max_batch_size=MAX_BATCH_BYTES,
-    )
+    producer = transactional_producer(settings, f"{topic}-ceiling", MAX_BATCH_BYTES)
     await producer.start()
     try:
         collector = RecordCollector(producer)

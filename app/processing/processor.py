@@ -24,13 +24,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from aiokafka.errors import ProducerFenced
 
 from app.kafka.client_options import client_options
 from app.kafka.reader import committed_reader
 from app.kafka.topics import TopicNames
+from app.kafka.transactions import transactional_producer
 from app.metrics import (
     ACTIVE_TASKS,
     EXPIRED,
@@ -279,16 +280,8 @@ class Processor:
 
     async def _build_task(self, partition: int) -> StreamTask:
         assert self._consumer is not None
-        options = client_options(self.settings)
-        producer = AIOKafkaProducer(
-            **options,
-            client_id=f"{self.group_id}-{partition}",
-            transactional_id=f"{self.group_id}.{partition}",
-            enable_idempotence=True,
-            acks="all",
-            linger_ms=2,
-            max_batch_size=MAX_BATCH_BYTES,
-            transaction_timeout_ms=self.settings.processor.transaction_timeout_ms,
+        producer = transactional_producer(
+            self.settings, f"{self.group_id}.{partition}", MAX_BATCH_BYTES, client_id=f"{self.group_id}-{partition}"
         )
         store = None
         try:
