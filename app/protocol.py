@@ -75,6 +75,9 @@ def parse_expiry_key(index_key: bytes) -> tuple[int, bytes]:
     return int(stamp), key
 
 
+_REQUIRED_STRINGS = ("command_id", "aggregate_type", "aggregate_id", "command")
+
+
 @dataclass(slots=True)
 class CommandEnvelope:
     command_id: str
@@ -120,8 +123,9 @@ class CommandEnvelope:
             envelope = cls(**data)
         except TypeError as error:
             raise DecodeError(f"not a command envelope: {error}") from None
-        for name in ("command_id", "aggregate_type", "aggregate_id", "command"):
-            if not isinstance(getattr(envelope, name), str) or not getattr(envelope, name):
+        required = (envelope.command_id, envelope.aggregate_type, envelope.aggregate_id, envelope.command)
+        for name, given in zip(_REQUIRED_STRINGS, required):
+            if not given or not isinstance(given, str):
                 raise DecodeError(f"{name} must be a non-empty string")
         if not isinstance(envelope.payload, dict):
             raise DecodeError("payload must be a JSON object")

@@ -86,6 +86,7 @@ class AggregateType(Generic[S]):
         if unknown:
             raise ValueError(f"creating commands not among the commands: {unknown}")
         object.__setattr__(self, "_events_by_name", {e.type_name(): e for e in self.events})
+        object.__setattr__(self, "_event_types", frozenset(self.events))
         object.__setattr__(self, "_command_names", {c: n for n, c in self.commands.items()})
 
     # -- commands --------------------------------------------------------------
@@ -110,7 +111,7 @@ class AggregateType(Generic[S]):
             return decision
         events = list(decision)
         for event in events:
-            if type(event) not in self._events_by_name.values():  # type: ignore[attr-defined]
+            if type(event) not in self._event_types:  # type: ignore[attr-defined]
                 raise TypeError(f"{self.name}.decide returned an unregistered event {type(event).__name__}")
         return events
 

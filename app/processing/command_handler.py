@@ -19,7 +19,7 @@ from domain.aggregate import AggregateType, Rejection
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: one per command, and a frozen __init__ costs 5x
 class HandledCommand:
     outcome: Outcome
     aggregate: StoredAggregate | None  # the new stored state; None when nothing changed

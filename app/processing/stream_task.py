@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import cast
@@ -97,6 +98,7 @@ class StreamTask:
         self._open = Batch(next_offset)
         self._sealed: Batch | None = None  # the batch whose transaction is in flight
         self._fetched: dict[bytes, bytes | None] = {}  # store values read ahead by process()
+        self._counted: Counter[tuple[str, str]] = Counter()  # commands by (type, outcome), for COMMANDS
         self._commit_lock = asyncio.Lock()
         self._failed: BaseException | None = None
         self._closed = False
@@ -145,6 +147,10 @@ class StreamTask:
                     self._handle(record, decoded)
         finally:
             self._fetched = {}
+            # one increment per kind and chunk: a prometheus increment takes a lock
+            for (aggregate_type, outcome), count in self._counted.items():
+                commands_counter(aggregate_type, outcome).inc(count)
+            self._counted.clear()
 
     def _handle(self, record: ConsumerRecord[bytes, bytes], envelope: CommandEnvelope) -> None:
         if record.key != envelope.key:
@@ -155,7 +161,7 @@ class StreamTask:
         if previous is not None:
             # A retry: answer with the original outcome, change nothing (G3).
             self._emit(self.topics.results, envelope.command_id.encode(), previous)
-            commands_counter(envelope.aggregate_type, "duplicate").inc()
+            self._counted[envelope.aggregate_type, "duplicate"] += 1
             return
         aggregate_type = self.registry.get(envelope.aggregate_type)
         if aggregate_type is None:
@@ -181,7 +187,7 @@ class StreamTask:
         key = command_key(outcome.command_id)
         self._emit(self.topics.results, outcome.command_id.encode(), value)
         self._change(key, value, expires_at=outcome.processed_at + self.dedup_window_ms)
-        commands_counter(outcome.aggregate_type, outcome.code or outcome.status.value).inc()
+        self._counted[outcome.aggregate_type, outcome.code or outcome.status.value] += 1
 
     def expire(self, now: int, limit: int) -> int:
         """Delete what expired before `now` (final aggregates past their retention,
