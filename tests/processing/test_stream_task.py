@@ -12,6 +12,7 @@ from aiokafka.errors import KafkaError
 
 from app.kafka.reader import read_committed
 from app.kafka.topics import TopicNames, ensure_topics, topic_specs
+from app.metrics import COMMANDS
 from app.processing.processor import Processor
 from app.processing.stream_task import StreamTask
 from app.protocol import CommandEnvelope, StoredAggregate, aggregate_key
@@ -49,6 +50,7 @@ def _version(task: StreamTask) -> int | None:
 async def test_a_command_handled_during_a_commit_sees_the_batch_in_flight(settings: Settings, processor: Processor) -> None:
     commands = TopicNames(settings.app).commands
     task = await processor._build_task(0)
+    accepted_before = COMMANDS.labels("accounts", "accepted")._value.get()
     try:
         task.process([command_record(commands, 0, OPEN)])
         first = asyncio.create_task(task.commit())
@@ -59,6 +61,7 @@ async def test_a_command_handled_during_a_commit_sees_the_batch_in_flight(settin
         assert _version(task) == 1 and task.committed_offset == 1
         await task.commit()
         assert _version(task) == 2 and task.committed_offset == 2
+        assert COMMANDS.labels("accounts", "accepted")._value.get() == accepted_before + 2
     finally:
         await task.close()
     assert await _outcomes(settings) == [("c-open", "accepted", 1), ("c-deposit", "accepted", 2)]
