@@ -13,6 +13,9 @@ finally checks:
   of the accepted outcomes;
 - the state the API serves equals the fold of the events;
 - the DLQ is empty.
+
+It runs on a broker of its own (stopped on Ctrl-C or SIGTERM too), unless
+ESK_KAFKA__BOOTSTRAP_SERVERS names a cluster.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import tempfile
 import time
 import uuid
 from collections import Counter, defaultdict
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,12 +38,11 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from app.broker import EmbeddedBroker
 from app.kafka.reader import read_committed
 from app.kafka.topics import TopicNames, ensure_topics, topic_specs
 from app.registry import load_registry
 from app.settings import Settings
-from bench.cluster import Cluster, EskProcess, api_ready, wait_until
+from bench.cluster import Cluster, EskProcess, api_ready, run_harness, scratch_broker, scratch_settings, wait_until
 from domain.accounts import accounts as accounts_type
 
 
@@ -251,15 +254,22 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
     console = Console()
-    settings = Settings(app=f"crash{uuid.uuid4().hex[:6]}")
-    broker = EmbeddedBroker(settings.broker) if settings.uses_embedded_broker else None
-    if broker is not None:
-        console.print(f"broker {broker.start().describe()}")
-    workdir = Path(tempfile.mkdtemp(prefix="esk-crash-"))
-    console.print(f"app {settings.app}; logs in {workdir}")
-    verdict = asyncio.run(
-        run(settings, workdir, args.kills, args.rate, args.accounts, args.min_gap, args.max_gap, args.wipe_every, args.seed, console)
-    )
+
+    async def harness() -> Verdict:
+        async with AsyncExitStack() as stack:
+            settings = Settings(app=f"crash{uuid.uuid4().hex[:6]}")
+            if settings.uses_embedded_broker:  # a broker of its own; an external cluster is used as configured
+                broker = await stack.enter_async_context(scratch_broker("esk-crash"))
+                settings = scratch_settings(broker, "crash", settings.topics.partitions)
+                console.print(f"broker on {broker.bootstrap}")
+            workdir = Path(tempfile.mkdtemp(prefix="esk-crash-"))
+            console.print(f"app {settings.app}; logs in {workdir}")
+            return await run(
+                settings, workdir, args.kills, args.rate, args.accounts, args.min_gap, args.max_gap, args.wipe_every,
+                args.seed, console,
+            )
+
+    verdict = run_harness(harness())
     console.print(verdict.table(f"crash harness: {args.kills} SIGKILLs at {args.rate:.0f} commands/s"))
     for note in verdict.notes[:20]:
         console.print(note, highlight=False)
