@@ -1,7 +1,5 @@
 """Prometheus metrics of every esk process (served on /metrics)."""
 
-from functools import lru_cache
-
 from prometheus_client import Counter, Gauge, Histogram
 
 COMMANDS = Counter("esk_commands_total", "Commands handled by the processor, by outcome", ["type", "outcome"])
@@ -27,10 +25,3 @@ REVOKE_SECONDS = Histogram(
 STORE_MEMORY = Gauge("esk_rocksdb_cache_bytes", "RocksDB shared cache usage (blocks + memtables)", ["role"])
 HTTP_OUTCOME_TIMEOUTS = Counter("esk_http_outcome_timeouts_total", "Commands answered 503: no outcome in time")
 EXPIRED = Counter("esk_expired_entries_total", "Store entries deleted by TTL (aggregates and de-duplication entries)")
-
-
-@lru_cache(maxsize=1024)
-def commands_counter(aggregate_type: str, outcome: str) -> Counter:
-    """COMMANDS for one (type, outcome): `labels()` builds a key and takes a lock on every
-    call, which the processor would pay once per command."""
-    return COMMANDS.labels(aggregate_type, outcome)

@@ -34,7 +34,7 @@ from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.structs import ConsumerRecord
 
 from app.kafka.topics import TopicNames
-from app.metrics import COMMIT_SECONDS, DLQ_RECORDS, TRANSACTION_RECORDS, commands_counter
+from app.metrics import COMMANDS, COMMIT_SECONDS, DLQ_RECORDS, TRANSACTION_RECORDS
 from app.processing.command_handler import handle_command, refusal
 from app.processing.record_collector import Headers, Output, RecordCollector
 from app.protocol import (
@@ -147,9 +147,9 @@ class StreamTask:
                     self._handle(record, decoded)
         finally:
             self._fetched = {}
-            # one increment per kind and chunk: a prometheus increment takes a lock
+            # one increment per kind and chunk: `labels()` and `inc()` each take a lock
             for (aggregate_type, outcome), count in self._counted.items():
-                commands_counter(aggregate_type, outcome).inc(count)
+                COMMANDS.labels(aggregate_type, outcome).inc(count)
             self._counted.clear()
 
     def _handle(self, record: ConsumerRecord[bytes, bytes], envelope: CommandEnvelope) -> None:
