@@ -65,6 +65,9 @@ class ProcessorSettings(BaseModel):
     group_id: str | None = None  # default: "<app>.processor"
     batch_max_records: int = 1000
     commit_interval_ms: int = 100
+    # Every transaction records its task's input position in the changelog; the consumer
+    # group's committed offsets (what lag monitoring reads) follow at most this far behind.
+    group_offset_interval_ms: int = 1000
     dedup_window_s: int = 7 * 24 * 3600
     # How often each task deletes what expired (aggregate retention, de-duplication window).
     expiry_interval_s: float = 10.0

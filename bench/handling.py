@@ -32,7 +32,10 @@ def microseconds_per_command(commands: int, accounts: int, budget_mb: int) -> fl
     settings = Settings(_env_file=None)
     topics = TopicNames("handling")
     store = RocksDBStore(Path(tempfile.mkdtemp(prefix="esk-handling-")) / "store", StoreResources(budget_mb))
-    task = StreamTask(0, topics, load_registry(settings.domain), store, None, "handling", 0, dedup_window_ms=3_600_000)  # type: ignore[arg-type]
+    task = StreamTask(
+        0, topics, load_registry(settings.domain), store, None, "handling", 0, None,  # type: ignore[arg-type]
+        dedup_window_ms=3_600_000, group_offset_interval_s=1.0,
+    )
     records = [
         ConsumerRecord(topics.commands, 0, offset, 0, 0, key, value, None, len(key), len(value), ())
         for offset, (key, value) in enumerate(command_records(accounts_commands(commands, accounts, seed=42)))

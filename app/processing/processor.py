@@ -12,7 +12,8 @@ member with the warmest copy of its store. With `standby_replicas`, members keep
 copies (StandbyTasks) of partitions they do not own.
 
 A newly assigned partition is paused until its task is ready (producer initialised,
-store restored from the changelog, position set to the committed offset). Commands for
+store restored from the changelog, position set to the one the store's last transaction
+recorded, or the group's committed offset if that is further on). Commands for
 it wait in Kafka meanwhile; they are neither rejected nor lost.
 """
 
@@ -45,7 +46,7 @@ from app.processing.assignor import StandbyAssignor
 from app.processing.record_collector import MAX_BATCH_BYTES
 from app.processing.standby import StandbyTasks
 from app.processing.stream_task import StreamTask
-from app.protocol import now_ms
+from app.protocol import now_ms, position_key
 from app.registry import Registry
 from app.settings import Settings
 from app.state.resources import StoreResources
@@ -152,10 +153,12 @@ class Processor:
             self._expire_due()
             interval_s = self.settings.processor.commit_interval_ms / 1000
             for task in self.tasks.values():
-                if (
-                    task.has_pending
-                    and task.partition not in self._commits
-                    and (task.input not in batches or task.pending_commands >= batch_max or task.batch_age() >= interval_s)
+                if task.partition not in self._commits and (
+                    (
+                        task.has_pending
+                        and (task.input not in batches or task.pending_commands >= batch_max or task.batch_age() >= interval_s)
+                    )
+                    or task.group_offset_due()
                 ):
                     self._commits[task.partition] = asyncio.create_task(self._commit(task), name=f"commit-{task.partition}")
         STORE_MEMORY.labels("processor").set(self.resources.usage_bytes())
@@ -165,7 +168,7 @@ class Processor:
         committed straight after: batches grow with the load, and no command waits for a
         poll to be committed."""
         try:
-            while task.has_pending:
+            while task.has_pending or task.group_offset_due():
                 await task.commit()
         except Exception as error:
             async with self._lock:
@@ -180,7 +183,7 @@ class Processor:
     async def _commit_all(self) -> None:
         """At shutdown: every open batch, each after its task's commit in flight."""
         tasks = list(self.tasks.values())
-        results = await asyncio.gather(*(t.commit() for t in tasks), return_exceptions=True)
+        results = await asyncio.gather(*(t.commit(final=True) for t in tasks), return_exceptions=True)
         for task, result in zip(tasks, results):
             if isinstance(result, BaseException):
                 log.warning("partition %d: last commit failed (%r); the next owner redoes it", task.partition, result)
@@ -291,8 +294,11 @@ class Processor:
             store = await self._open_restored_store(partition)
             tp = TopicPartition(self.topics.commands, partition)
             committed = await self._consumer.committed(tp)
-            if committed is None:
-                committed = (await self._consumer.beginning_offsets([tp]))[tp]
+            stored = store.get(position_key(partition))
+            start = max(
+                committed if committed is not None else (await self._consumer.beginning_offsets([tp]))[tp],
+                int(stored) if stored is not None else 0,
+            )
             return StreamTask(
                 partition,
                 self.topics,
@@ -300,8 +306,10 @@ class Processor:
                 store,
                 producer,
                 self.group_id,
+                start,
                 committed,
                 dedup_window_ms=self.settings.processor.dedup_window_s * 1000,
+                group_offset_interval_s=self.settings.processor.group_offset_interval_ms / 1000,
             )
         except BaseException:
             if store is not None:
@@ -347,7 +355,7 @@ class Processor:
             return
         if commit:
             try:
-                await task.commit()  # after the commit in flight, if any
+                await task.commit(final=True)  # after the commit in flight, if any
             except Exception as error:  # fenced or failed: the next owner redoes the batch
                 log.warning("partition %d: final commit failed (%r); the next owner redoes it", partition, error)
         await task.close()

@@ -2,9 +2,15 @@
 
 Commands are handled against an in-memory overlay on top of the RocksDB store; their
 outputs are buffered in the open Batch. At commit, ONE Kafka transaction carries the
-events, the outcomes, the changelog records and the consumer offset (RecordCollector sends
-them as record batches). Only after that transaction has committed is RocksDB written, in
-one batch together with the changelog offset it now reflects.
+events, the outcomes, the changelog records and the task's input position (RecordCollector
+sends them as record batches). Only after that transaction has committed is RocksDB
+written, in one batch together with the changelog offset it now reflects.
+
+The position is a changelog record (`p/<partition>`: the next commands offset), so a
+restored store knows where its commands resume. The consumer group's offset, which costs
+two more round trips in a transaction (AddOffsetsToTxn, TxnOffsetCommit), is added to a
+transaction only every `group_offset_interval_ms` and before the task closes: it is there
+for lag monitoring, and a task resumes from whichever of the two is further on.
 
 A commit seals the open batch and a new one opens at once: commands keep being handled
 while the sealed batch's transaction is in flight, reading through both overlays. One
@@ -12,12 +18,12 @@ commit at a time: the producer has one transaction, and batch N+1 commits only a
 
 Crash ordering, which is the whole point:
 - crash before the commit: the transaction is aborted (or fenced by the next owner);
-  RocksDB never saw the overlay; the commands are read again from the committed offset.
+  RocksDB never saw the overlay; the commands are read again from the committed position.
 - crash after the commit, before the RocksDB write: the store is behind the changelog,
   and the next owner restores from the offset the store records. Never ahead, never torn.
 - a failed commit fails the task: the batch handled on top of the failed one is
   discarded with it (it read the failed batch's writes); the next task starts again from
-  the committed offset.
+  the committed position.
 """
 
 from __future__ import annotations
@@ -52,6 +58,7 @@ from app.protocol import (
     expiry_key,
     now_ms,
     parse_expiry_key,
+    position_key,
 )
 from app.registry import Registry
 from app.state.store import StateStore
@@ -82,7 +89,9 @@ class StreamTask:
         producer: AIOKafkaProducer,
         group_id: str,
         next_offset: int,
+        group_offset: int | None,
         dedup_window_ms: int,
+        group_offset_interval_s: float,
     ) -> None:
         self.partition = partition
         self.topics = topics
@@ -93,8 +102,11 @@ class StreamTask:
         self.group_id = group_id
         self.input = TopicPartition(topics.commands, partition)
         self.next_offset = next_offset  # the next commands offset this task has to handle
-        self.committed_offset = next_offset
+        self.committed_offset = next_offset  # the position the last committed transaction recorded
+        self.group_offset = group_offset  # the consumer group's committed offset (None: none yet)
         self.dedup_window_ms = dedup_window_ms
+        self.group_offset_interval_s = group_offset_interval_s
+        self._group_offset_due = time.monotonic() + group_offset_interval_s
         self._open = Batch(next_offset)
         self._sealed: Batch | None = None  # the batch whose transaction is in flight
         self._fetched: dict[bytes, bytes | None] = {}  # store values read ahead by process()
@@ -109,6 +121,11 @@ class StreamTask:
     def has_pending(self) -> bool:
         """The open batch has something to commit."""
         return self.next_offset > self._open.start_offset or bool(self._open.outputs)
+
+    def group_offset_due(self) -> bool:
+        """The consumer group's offset is behind and due to be committed: even with no
+        command pending, so that an idle partition's lag goes down to zero."""
+        return self.group_offset != self.committed_offset and time.monotonic() >= self._group_offset_due
 
     @property
     def pending_commands(self) -> int:
@@ -264,30 +281,36 @@ class StreamTask:
 
     # -- committing ----------------------------------------------------------------
 
-    async def commit(self) -> None:
+    async def commit(self, final: bool = False) -> None:
         """Seal the open batch and commit it in one transaction, then write RocksDB; a
-        commit in flight is waited for first. Raises on any failure, and the task is then
-        failed for good: the caller discards it and builds a fresh one."""
+        commit in flight is waited for first. `final` (before the task closes): bring the
+        consumer group's offset up to date too. Raises on any failure, and the task is
+        then failed for good: the caller discards it and builds a fresh one."""
         async with self._commit_lock:
             if self._failed is not None or self._closed:
                 raise RuntimeError(f"partition {self.partition}: the task is {'closed' if self._closed else 'failed'}")
-            if not self.has_pending:
+            group_offset = self.group_offset_due() or (final and self.group_offset != self.next_offset)
+            if not self.has_pending and not group_offset:
                 return
             batch, self._open = self._open, Batch(self.next_offset)
             self._sealed = batch
             try:
-                await self._commit(batch, end_offset=self._open.start_offset)
+                await self._commit(batch, end_offset=self._open.start_offset, group_offset=group_offset)
             except BaseException as error:
                 self._failed = error
                 raise
             finally:
                 self._sealed = None
 
-    async def _commit(self, batch: Batch, end_offset: int) -> None:
+    async def _commit(self, batch: Batch, end_offset: int, group_offset: bool) -> None:
         started = time.monotonic()
+        key, position = position_key(self.partition), str(end_offset).encode()
+        batch.writes[key] = position
+        batch.outputs.append(Output(self.topics.changelog, key, position, self.partition))
         await self.producer.begin_transaction()
         last_offsets = await self.collector.send(batch.outputs)
-        await self.producer.send_offsets_to_transaction({self.input: end_offset}, self.group_id)
+        if group_offset:
+            await self.producer.send_offsets_to_transaction({self.input: end_offset}, self.group_id)
         await self.producer.commit_transaction()
         offsets = {}
         changelog_last = last_offsets.get(TopicPartition(self.topics.changelog, self.partition))
@@ -297,6 +320,9 @@ class StreamTask:
         TRANSACTION_RECORDS.observe(len(batch.outputs))
         COMMIT_SECONDS.observe(time.monotonic() - started)
         self.committed_offset = end_offset
+        if group_offset:
+            self.group_offset = end_offset
+            self._group_offset_due = time.monotonic() + self.group_offset_interval_s
 
     async def close(self) -> None:
         """Close the producer and the store, once a commit in flight is over."""

@@ -1,5 +1,6 @@
 """StreamTask against the real broker: commands are handled while the previous batch's
-transaction is in flight, and a failed commit takes the batch built on top of it down too."""
+transaction is in flight, a failed commit takes the batch built on top of it down too, and
+a task resumes from the position its last transaction recorded."""
 
 from __future__ import annotations
 
@@ -8,17 +9,21 @@ from collections.abc import AsyncIterator
 
 import orjson
 import pytest
+from aiokafka import TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
+from app.kafka.client_options import client_options
 from app.kafka.reader import read_committed
 from app.kafka.topics import TopicNames, ensure_topics, topic_specs
 from app.metrics import COMMANDS
 from app.processing.processor import Processor
 from app.processing.stream_task import StreamTask
-from app.protocol import CommandEnvelope, StoredAggregate, aggregate_key
+from app.protocol import CommandEnvelope, StoredAggregate, aggregate_key, position_key
 from app.registry import load_registry
 from app.settings import Settings
-from tests.system import command_record, task_builders
+from app.state.store import RocksDBStore
+from tests.system import command_record, system, task_builders
 
 pytestmark = pytest.mark.kafka
 
@@ -100,3 +105,64 @@ async def test_a_failed_commit_discards_the_batch_handled_on_top_of_it(settings:
     finally:
         await again.close()
     assert await _outcomes(settings) == [("c-open", "accepted", 1), ("c-deposit", "accepted", 2)]
+
+
+async def test_a_task_resumes_from_the_position_in_the_changelog_ahead_of_the_group_offset(
+    settings: Settings, processor: Processor
+) -> None:
+    """Every transaction records the task's position in the changelog; the group's offset
+    is committed only now and then. A task whose store was lost resumes from the restored
+    position, not from the group's (here: none), and its final commit brings the group up."""
+    commands = TopicNames(settings.app).commands
+    processor.settings.processor.group_offset_interval_ms = 3_600_000
+    task = await processor._build_task(0)
+    try:
+        task.process([command_record(commands, 0, OPEN)])
+        await task.commit()
+        task.process([command_record(commands, 1, DEPOSIT)])
+        await task.commit()
+        assert task.committed_offset == 2 and task.group_offset is None
+    finally:
+        await task.close()
+    changelog = await read_committed(settings, TopicNames(settings.app).changelog)
+    assert [r.value for r in changelog if r.key == position_key(0)] == [b"1", b"2"]
+    assert processor._consumer is not None
+    assert await processor._consumer.committed(TopicPartition(commands, 0)) is None
+
+    RocksDBStore.destroy(processor.store_path(0))
+    again = await processor._build_task(0)
+    try:
+        assert again.next_offset == 2 and _version(again) == 2
+        await again.commit(final=True)  # nothing pending: a transaction with the group's offset only
+        assert again.group_offset == 2
+    finally:
+        await again.close()
+    assert await processor._consumer.committed(TopicPartition(commands, 0)) == 2
+    assert await _outcomes(settings) == [("c-open", "accepted", 1), ("c-deposit", "accepted", 2)]
+
+
+async def test_the_group_offset_of_an_idle_partition_catches_up(settings: Settings) -> None:
+    """Lag monitoring reads the group's committed offsets: once the commands stop, they
+    reach the end of every partition within about group_offset_interval_ms."""
+    settings.processor.group_offset_interval_ms = 200
+    names = TopicNames(settings.app)
+    async with system(settings) as s:
+        for n in range(12):
+            r = await s.client.post(f"/v1/accounts/idle-{n}/open", json={"owner": "ada"})
+            assert r.status_code == 200
+        ends: dict[int, int] = {}
+        for record in await read_committed(settings, names.commands):
+            ends[record.partition] = max(ends.get(record.partition, 0), record.offset + 1)
+        admin = AIOKafkaAdminClient(**client_options(settings))
+        await admin.start()
+        try:
+            committed: dict[int, int] = {}
+            for _ in range(100):
+                offsets = await admin.list_consumer_group_offsets(s.processors[0].processor.group_id)
+                committed = {tp.partition: o.offset for tp, o in offsets.items() if tp.topic == names.commands}
+                if all(committed.get(p) == end for p, end in ends.items()):
+                    break
+                await asyncio.sleep(0.1)
+            assert {p: committed.get(p) for p in ends} == ends
+        finally:
+            await admin.close()
