@@ -5,11 +5,13 @@ type, JSON, payload schema), puts a CommandEnvelope on the commands topic throug
 CommandGateway, then waits on the StateReplica for the command's outcome and turns it
 into a response (`outcome_response`).
 
-Each command route is a `CommandEndpoint`: a plain ASGI endpoint mounted as a Starlette
-route, not a FastAPI route. Under load (bench/http_e2e.py) FastAPI's per-request
-machinery (request objects, dependency solving, response wrappers) cost more CPU than
-the command's own work, and the API process is what limits HTTP throughput. The
-endpoints are documented in /openapi.json by `http.document_commands`.
+Each command is a `CommandEndpoint`, a plain ASGI endpoint, and `CommandRoutes` sends
+its requests there before FastAPI's router and per-request layers see them. Under load
+(bench/http_e2e.py) FastAPI's machinery (request objects, dependency solving, response
+wrappers) cost more CPU than the command's own work, and then its router and exception
+layers still took about a sixth of the API process's CPU (py-spy); the API process is
+what limits HTTP throughput. The endpoints are documented in /openapi.json by
+`http.document_commands`.
 """
 
 from __future__ import annotations
@@ -17,14 +19,14 @@ from __future__ import annotations
 import logging
 import re
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import orjson
 from pydantic import ValidationError
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.api.gateway import CommandGateway
 from app.api.problems import Problem
@@ -148,15 +150,14 @@ class CommandIntake:
 
 
 class CommandEndpoint:
-    """The ASGI endpoint of one command of one aggregate type (a Starlette route's app)."""
+    """The ASGI endpoint of one command of one aggregate type."""
 
     def __init__(self, intake: CommandIntake, aggregate_type: AggregateType[Any], name: str) -> None:
         self.intake = intake
         self.aggregate_type = aggregate_type
         self.name = name
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        aggregate_id = scope["path_params"]["id"]
+    async def __call__(self, scope: Scope, receive: Receive, send: Send, aggregate_id: str) -> None:
         try:
             response = await self.intake.submit(self.aggregate_type, aggregate_id, self.name, request_headers(scope), receive)
         except Problem as problem:
@@ -164,6 +165,26 @@ class CommandEndpoint:
         except ClientDisconnect:
             return  # nobody to answer; a command already submitted is processed all the same
         await response(scope, receive, send)
+
+
+class CommandRoutes:
+    """ASGI middleware: `POST /v1/{type}/{id}/{command}` of a registered command goes to
+    its CommandEndpoint; everything else, unknown commands included, to the wrapped app.
+    The path is matched as Starlette's router would (decoded, `{id}` one segment)."""
+
+    def __init__(self, app: ASGIApp, endpoints: Iterable[CommandEndpoint]) -> None:
+        self.app = app
+        self.endpoints = {(e.aggregate_type.name, e.name): e for e in endpoints}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            parts = scope["path"].split("/")
+            if len(parts) == 5 and parts[0] == "" and parts[1] == "v1" and parts[3]:
+                endpoint = self.endpoints.get((parts[2], parts[4]))
+                if endpoint is not None:
+                    await endpoint(scope, receive, send, parts[3])
+                    return
+        await self.app(scope, receive, send)
 
 
 def request_headers(scope: Scope) -> dict[str, str]:

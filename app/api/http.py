@@ -1,7 +1,8 @@
 """The HTTP API of PRODUCT.md, v1: FastAPI for reads, operations and /openapi.json.
 
-Commands come in through app/api/commands.py (one ASGI endpoint per command); this module
-mounts them and documents them beside the FastAPI routes.
+Commands come in through app/api/commands.py (one ASGI endpoint per command, reached
+through the CommandRoutes middleware); this module routes to them and documents them
+beside the FastAPI routes.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from app.api.commands import (
     MAX_ID,
     CommandEndpoint,
     CommandIntake,
+    CommandRoutes,
     check_id,
     command_url,
     etag,
@@ -76,6 +78,9 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
         errors = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in error.errors()]
         return Problem(422, "invalid_request", "the request is invalid", errors=errors).response()
 
+    # The last added is the outermost: auth comes before the commands' routes.
+    endpoints = [CommandEndpoint(intake, t, name) for t in registry.values() for name in t.commands]
+    app.add_middleware(CommandRoutes, endpoints=endpoints)
     if settings.api.auth_tokens:
         app.add_middleware(BearerAuth, tokens=frozenset(settings.api.auth_tokens))
 
@@ -130,11 +135,6 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
             ) from None
         except BadFilter as error:
             raise Problem(400, "invalid_filter", str(error)) from None
-
-    for aggregate_type in registry.values():
-        for name in aggregate_type.commands:
-            endpoint = CommandEndpoint(intake, aggregate_type, name)
-            app.add_route(command_url(aggregate_type, name), endpoint, methods=["POST"], include_in_schema=False)
 
     @app.post("/v1/{type_name}/{id}/{command}", include_in_schema=False)
     async def unknown_command(type_name: str, id: str, command: str) -> Response:  # noqa: A002

@@ -88,6 +88,14 @@ async def test_not_found_and_unknown_names(settings: Settings) -> None:
         assert r.status_code == 404
         r = await c.get("/nowhere")
         assert r.status_code == 404 and r.headers["content-type"] == PROBLEM
+        # Command paths are matched as Starlette's router matches them: decoded, one segment per id.
+        spaced = f"a {new_id()}"
+        r = await c.post(f"/v1/accounts/{spaced.replace(' ', '%20')}/open", json={"owner": "ada"})
+        assert r.status_code == 200 and r.json()["id"] == spaced
+        r = await c.post("/v1/accounts/a%2Fb/open", json={"owner": "ada"})
+        assert r.status_code == 404 and r.headers["content-type"] == PROBLEM
+        r = await c.get("/v1/accounts/a1/open")
+        assert r.status_code == 405 and r.json()["code"] == "method_not_allowed"
 
 
 async def test_bad_input_never_reaches_the_commands_topic(settings: Settings) -> None:
