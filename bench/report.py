@@ -36,7 +36,7 @@ def write(report: Report, ratios: list[tuple[str, float | None, str]], docs: Pat
         f"- {platform.platform()}, {os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB",
         f"- Python {platform.python_version()}; Apache Kafka 4.3.1 (embedded, KRaft, one node)",
         "- " + ", ".join(f"{p} {_version(p)}" for p in ("aiokafka", "rocksdict", "confluent-kafka", "quixstreams")),
-        "- " + ", ".join(f"{p} {_version(p)}" for p in ("fastapi", "uvicorn", "aiohttp", "pyspark", "delta-spark", "deltalake")),
+        "- " + ", ".join(f"{p} {_version(p)}" for p in ("fastapi", "uvicorn", "pyspark", "delta-spark", "deltalake")),
         "",
         f"## Results: {report.commands:,} commands over {report.accounts:,} accounts, {report.partitions} partitions",
         "",
@@ -56,8 +56,8 @@ def write(report: Report, ratios: list[tuple[str, float | None, str]], docs: Pat
         "of new commands' is timed alike for esk and the Quix Streams peer: from the process's start until a few "
         "commands put on the topic just before it have their outputs written (read uncommitted, so neither "
         "system's commit cadence counts).",
-        "- W2 = HTTP end to end: one API and one processor process, driven by a load generator process (aiohttp) "
-        "that runs on the same 2 cores; each request waits for its command's outcome. The saturation rate is a "
+        "- W2 = HTTP end to end: one API and one processor process, driven by a load generator process (a minimal "
+        "HTTP/1.1 client on uvloop) that runs on the same 2 cores; each request waits for its command's outcome. The saturation rate is a "
         "closed loop; the latencies are an open loop at a fixed rate, counted from each request's scheduled "
         "instant (no coordinated omission); refused commands (insufficient funds, stale versions) are answers, "
         "not errors.",
