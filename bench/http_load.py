@@ -16,7 +16,7 @@ API's and the processor's, so it has to be cheap: the client is a minimal HTTP/1
 (`HttpClient`: keep-alive connections on asyncio protocols, on uvloop, one request in
 flight per connection), chosen on measurement. At 256 requests in flight against this
 machine's API, httpx got about 50 commands/s through using 0.7 of a core, aiohttp about
-500/s using 0.15; at 1,000 commands/s, aiohttp took 0.31 of a core, HttpClient 0.12.
+500/s using 0.15; at 1,000 commands/s, aiohttp took 0.31-0.41 of a core, HttpClient 0.13-0.14.
 It speaks just what the esk API answers: a status line, headers, a Content-Length body.
 """
 
