@@ -45,17 +45,17 @@ def command_key(command_id: str) -> bytes:
     return f"c/{command_id}".encode()
 
 
-def position_key(partition: int) -> bytes:
-    """A task's input position: the next commands offset to handle, as of the transaction
-    that wrote it (the value is the offset in ASCII digits)."""
-    return b"%s%d" % (POSITION_PREFIX, partition)
-
-
 AGGREGATE_PREFIX = b"a/"
 COMMAND_PREFIX = b"c/"
 POSITION_PREFIX = b"p/"
 EXPIRY_PREFIX = b"x/"
 _EXPIRY_DIGITS = 15  # milliseconds, zero-padded so that keys sort by time
+
+
+def position_key(partition: int) -> bytes:
+    """A task's input position: the next commands offset to handle, as of the transaction
+    that wrote it (the value is the offset in ASCII digits)."""
+    return b"%s%d" % (POSITION_PREFIX, partition)
 
 
 def expiry_key(expires_at: int, key: bytes) -> bytes:

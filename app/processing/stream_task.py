@@ -289,27 +289,27 @@ class StreamTask:
         async with self._commit_lock:
             if self._failed is not None or self._closed:
                 raise RuntimeError(f"partition {self.partition}: the task is {'closed' if self._closed else 'failed'}")
-            group_offset = self.group_offset_due() or (final and self.group_offset != self.next_offset)
-            if not self.has_pending and not group_offset:
+            with_group_offset = self.group_offset_due() or (final and self.group_offset != self.next_offset)
+            if not self.has_pending and not with_group_offset:
                 return
             batch, self._open = self._open, Batch(self.next_offset)
             self._sealed = batch
             try:
-                await self._commit(batch, end_offset=self._open.start_offset, group_offset=group_offset)
+                await self._commit(batch, end_offset=self._open.start_offset, with_group_offset=with_group_offset)
             except BaseException as error:
                 self._failed = error
                 raise
             finally:
                 self._sealed = None
 
-    async def _commit(self, batch: Batch, end_offset: int, group_offset: bool) -> None:
+    async def _commit(self, batch: Batch, end_offset: int, with_group_offset: bool) -> None:
         started = time.monotonic()
         key, position = position_key(self.partition), str(end_offset).encode()
         batch.writes[key] = position
         batch.outputs.append(Output(self.topics.changelog, key, position, self.partition))
         await self.producer.begin_transaction()
         last_offsets = await self.collector.send(batch.outputs)
-        if group_offset:
+        if with_group_offset:
             await self.producer.send_offsets_to_transaction({self.input: end_offset}, self.group_id)
         await self.producer.commit_transaction()
         offsets = {}
@@ -320,7 +320,7 @@ class StreamTask:
         TRANSACTION_RECORDS.observe(len(batch.outputs))
         COMMIT_SECONDS.observe(time.monotonic() - started)
         self.committed_offset = end_offset
-        if group_offset:
+        if with_group_offset:
             self.group_offset = end_offset
             self._group_offset_due = time.monotonic() + self.group_offset_interval_s
 
