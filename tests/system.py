@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
@@ -28,11 +29,16 @@ from app.settings import Settings
 
 
 async def wait_for(predicate: Any, timeout_s: float = 60.0, what: str = "condition") -> None:
+    """Poll `predicate` (a function returning a bool, or an awaitable of one) until it holds."""
     deadline = asyncio.get_running_loop().time() + timeout_s
-    while not predicate():
+    while not await _holds(predicate()):
         if asyncio.get_running_loop().time() > deadline:
             raise TimeoutError(f"timed out waiting for {what}")
         await asyncio.sleep(0.05)
+
+
+async def _holds(result: Any) -> bool:
+    return bool(await result) if inspect.isawaitable(result) else bool(result)
 
 
 @dataclass

@@ -7,7 +7,9 @@ from __future__ import annotations
 import uuid
 
 import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from app.kafka.reader import committed_reader
 from app.kafka.topics import ensure_topics, topic_specs
 from app.registry import load_registry
 from app.settings import Settings
@@ -16,11 +18,12 @@ from tests.system import RunningProcessor, api, processor, wait_for, with_state_
 pytestmark = pytest.mark.kafka
 
 
-def _caught_up(standby: RunningProcessor, active: RunningProcessor) -> bool:
-    """The standby's copies are at the offsets the active's stores have written."""
+async def _caught_up(standby: RunningProcessor, reader: AIOKafkaConsumer) -> bool:
+    """A restore from each of the standby's copies would replay nothing: each is at its
+    changelog partition's committed end (past the last transaction marker)."""
     copies = standby.processor.standbys.offsets()
-    owned = {p: t.store.changelog_offsets().get(p, 0) for p, t in active.processor.tasks.items()}
-    return bool(owned) and copies == owned
+    ends = await reader.end_offsets([TopicPartition(standby.processor.topics.changelog, p) for p in copies])
+    return bool(copies) and all(copies[tp.partition] == end for tp, end in ends.items())
 
 
 @pytest.mark.parametrize("standby_replicas", [0, 1])
@@ -48,7 +51,12 @@ async def test_failover_replays_only_what_no_standby_kept(settings: Settings, st
                 moved = set(first.processor.tasks)
                 if standby_replicas:
                     assert second.processor.standbys.partitions == moved
-                    await wait_for(lambda: _caught_up(second, first), what="standby copies caught up")
+                    reader = committed_reader(settings)
+                    await reader.start()
+                    try:
+                        await wait_for(lambda: _caught_up(second, reader), what="standby copies caught up")
+                    finally:
+                        await reader.stop()
                 else:
                     assert second.processor.standbys.partitions == set()
 
