@@ -65,6 +65,10 @@ class ProcessorSettings(BaseModel):
     group_id: str | None = None  # default: "<app>.processor"
     batch_max_records: int = 1000
     commit_interval_ms: int = 100
+    # The least time from the start of one transaction of a task to the start of its next.
+    # A task that was idle commits at once; under load its commands gather into fewer,
+    # larger transactions, and the broker's work per transaction is what it spends most on.
+    commit_spacing_ms: int = 25
     # Every transaction records its task's input position in the changelog; the consumer
     # group's committed offsets (what lag monitoring reads) follow at most this far behind.
     group_offset_interval_ms: int = 1000

@@ -137,9 +137,10 @@ class Processor:
 
     async def _poll_once(self, consumer: AIOKafkaConsumer) -> None:
         batch_max = self.settings.processor.batch_max_records
-        # An open batch without a commit in flight is due soon: poll without waiting.
-        due_soon = any(t.has_pending and t.partition not in self._commits for t in self.tasks.values())
-        batches = await consumer.getmany(timeout_ms=0 if due_soon else 200, max_records=batch_max)
+        # An open batch without a commit in flight is due soon: poll no longer than until then.
+        waits = [self._spacing_left(t) for t in self.tasks.values() if t.has_pending and t.partition not in self._commits]
+        timeout_ms = round(max(min(waits), 0.0) * 1000) if waits else 200
+        batches = await consumer.getmany(timeout_ms=timeout_ms, max_records=batch_max)
         async with self._lock:
             for tp, records in batches.items():
                 task = self.tasks.get(tp.partition)
@@ -151,24 +152,20 @@ class Processor:
                     if tp.partition in self._commits and task.pending_commands >= batch_max:
                         consumer.pause(tp)  # a full batch waits for the commit in flight
             self._expire_due()
-            interval_s = self.settings.processor.commit_interval_ms / 1000
             for task in self.tasks.values():
-                if task.partition not in self._commits and (
-                    (
-                        task.has_pending
-                        and (task.input not in batches or task.pending_commands >= batch_max or task.batch_age() >= interval_s)
-                    )
-                    or task.group_offset_due()
-                ):
+                if task.partition not in self._commits and (self._batch_due(task, task.input in batches) or task.group_offset_due()):
                     self._commits[task.partition] = asyncio.create_task(self._commit(task), name=f"commit-{task.partition}")
         STORE_MEMORY.labels("processor").set(self.resources.usage_bytes())
 
     async def _commit(self, task: StreamTask) -> None:
         """Commit the task's open batch. What it handled meanwhile is the next batch, and is
-        committed straight after: batches grow with the load, and no command waits for a
-        poll to be committed."""
+        committed straight after (once spaced from this one, unless full): batches grow with
+        the load, and no command waits for a poll to be committed."""
         try:
             while task.has_pending or task.group_offset_due():
+                wait = self._spacing_left(task)
+                if wait > 0 and task.pending_commands < self.settings.processor.batch_max_records:
+                    await asyncio.sleep(wait)
                 await task.commit()
         except Exception as error:
             async with self._lock:
@@ -179,6 +176,20 @@ class Processor:
                 del self._commits[task.partition]
             if self.tasks.get(task.partition) is task and self._consumer is not None:
                 self._consumer.resume(task.input)
+
+    def _batch_due(self, task: StreamTask, still_fetching: bool) -> bool:
+        """The open batch is to be committed now: it is full, or it is spaced from the last
+        transaction and either nothing more came for it or it is as old as a batch may get."""
+        if not task.has_pending:
+            return False
+        p = self.settings.processor
+        if task.pending_commands >= p.batch_max_records:
+            return True
+        return self._spacing_left(task) <= 0 and (not still_fetching or task.batch_age() >= p.commit_interval_ms / 1000)
+
+    def _spacing_left(self, task: StreamTask) -> float:
+        """Seconds until the task may begin its next transaction (`commit_spacing_ms`)."""
+        return task.last_commit_started + self.settings.processor.commit_spacing_ms / 1000 - time.monotonic()
 
     async def _commit_all(self) -> None:
         """At shutdown: every open batch, each after its task's commit in flight."""

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -111,6 +112,7 @@ class StreamTask:
         self._sealed: Batch | None = None  # the batch whose transaction is in flight
         self._fetched: dict[bytes, bytes | None] = {}  # store values read ahead by process()
         self._counted: Counter[tuple[str, str]] = Counter()  # commands by (type, outcome), for COMMANDS
+        self.last_commit_started = -math.inf  # monotonic time its last transaction began
         self._commit_lock = asyncio.Lock()
         self._failed: BaseException | None = None
         self._closed = False
@@ -294,6 +296,7 @@ class StreamTask:
                 return
             batch, self._open = self._open, Batch(self.next_offset)
             self._sealed = batch
+            self.last_commit_started = time.monotonic()
             try:
                 await self._commit(batch, end_offset=self._open.start_offset, with_group_offset=with_group_offset)
             except BaseException as error:
