@@ -67,7 +67,7 @@ class ProcessorSettings(BaseModel):
     commit_interval_ms: int = 100
     # The least time from the start of one transaction of a task to the start of its next.
     # A task that was idle commits at once; under load its commands gather into fewer,
-    # larger transactions, and the broker's work per transaction is what it spends most on.
+    # larger transactions, and most of what a transaction costs the broker is per transaction.
     commit_spacing_ms: int = 25
     # Every transaction records its task's input position in the changelog; the consumer
     # group's committed offsets (what lag monitoring reads) follow at most this far behind.
