@@ -138,7 +138,7 @@ class Processor:
     async def _poll_once(self, consumer: AIOKafkaConsumer) -> None:
         batch_max = self.settings.processor.batch_max_records
         # An open batch without a commit in flight is due soon: poll no longer than until then.
-        waits = [self._spacing_left(t) for t in self.tasks.values() if t.has_pending and t.partition not in self._commits]
+        waits = [self._commit_wait(t) for t in self.tasks.values() if t.has_pending and t.partition not in self._commits]
         timeout_ms = round(max(min(waits), 0.0) * 1000) if waits else 200
         batches = await consumer.getmany(timeout_ms=timeout_ms, max_records=batch_max)
         async with self._lock:
@@ -163,8 +163,8 @@ class Processor:
         the load, and no command waits for a poll to be committed."""
         try:
             while task.has_pending or task.group_offset_due():
-                wait = self._spacing_left(task)
-                if wait > 0 and task.pending_commands < self.settings.processor.batch_max_records:
+                wait = self._commit_wait(task)
+                if wait > 0:
                     await asyncio.sleep(wait)
                 await task.commit()
         except Exception as error:
@@ -178,17 +178,18 @@ class Processor:
                 self._consumer.resume(task.input)
 
     def _batch_due(self, task: StreamTask, still_fetching: bool) -> bool:
-        """The open batch is to be committed now: it is full, or it is spaced from the last
-        transaction and either nothing more came for it or it is as old as a batch may get."""
-        if not task.has_pending:
+        """The open batch is to be committed now: it may be (`_commit_wait`), and it is full,
+        or nothing more came for it, or it is as old as a batch may get."""
+        if not task.has_pending or self._commit_wait(task) > 0:
             return False
         p = self.settings.processor
-        if task.pending_commands >= p.batch_max_records:
-            return True
-        return self._spacing_left(task) <= 0 and (not still_fetching or task.batch_age() >= p.commit_interval_ms / 1000)
+        return task.pending_commands >= p.batch_max_records or not still_fetching or task.batch_age() >= p.commit_interval_ms / 1000
 
-    def _spacing_left(self, task: StreamTask) -> float:
-        """Seconds until the task may begin its next transaction (`commit_spacing_ms`)."""
+    def _commit_wait(self, task: StreamTask) -> float:
+        """Seconds until the task may begin its next transaction: `commit_spacing_ms` after
+        the last one began, or now if its open batch is full."""
+        if task.pending_commands >= self.settings.processor.batch_max_records:
+            return 0.0
         return task.last_commit_started + self.settings.processor.commit_spacing_ms / 1000 - time.monotonic()
 
     async def _commit_all(self) -> None:
