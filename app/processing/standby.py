@@ -3,8 +3,8 @@
 Each standby store follows its changelog partition read_committed, exactly as a restore
 would, and records the offset it reached (past transaction markers, as a restore does) in
 the same write batch as the data. When the partition moves here, the active task opens
-the same store and its restore replays only the tail. A standby never writes to Kafka, and it only ever sees committed records, so
-it is never ahead of what the owner committed.
+the same store and its restore replays only the tail. A standby never writes to Kafka,
+and it only ever sees committed records, so it is never ahead of what the owner committed.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from app.protocol import CommandEnvelope, StoredAggregate, aggregate_key, positi
 from app.registry import load_registry
 from app.settings import Settings
 from app.state.store import RocksDBStore
-from tests.system import command_record, system, task_builders
+from tests.system import command_record, system, task_builders, wait_for
 
 pytestmark = pytest.mark.kafka
 
@@ -155,14 +155,16 @@ async def test_the_group_offset_of_an_idle_partition_catches_up(settings: Settin
             ends[record.partition] = max(ends.get(record.partition, 0), record.offset + 1)
         admin = AIOKafkaAdminClient(**client_options(settings))
         await admin.start()
+        committed: dict[int, int] = {}
+
+        async def caught_up() -> bool:
+            offsets = await admin.list_consumer_group_offsets(s.processors[0].processor.group_id)
+            committed.clear()
+            committed.update((tp.partition, o.offset) for tp, o in offsets.items() if tp.topic == names.commands)
+            return all(committed.get(p) == end for p, end in ends.items())
+
         try:
-            committed: dict[int, int] = {}
-            for _ in range(100):
-                offsets = await admin.list_consumer_group_offsets(s.processors[0].processor.group_id)
-                committed = {tp.partition: o.offset for tp, o in offsets.items() if tp.topic == names.commands}
-                if all(committed.get(p) == end for p, end in ends.items()):
-                    break
-                await asyncio.sleep(0.1)
+            await wait_for(caught_up, timeout_s=10, what="the group's offsets at the end of every partition")
             assert {p: committed.get(p) for p in ends} == ends
         finally:
             await admin.close()
