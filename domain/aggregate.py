@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict
@@ -144,7 +144,9 @@ class AggregateType(Generic[S]):
 
     # -- state -----------------------------------------------------------------
 
-    def expires_at(self, state: S, last_event_at: datetime) -> datetime | None:
+    def expires_at(self, state: S, last_event_ms: int) -> int | None:
+        """When a final aggregate's state expires, in epoch milliseconds (None: it is kept).
+        Milliseconds, as stored: this runs for every command that changes an aggregate."""
         if self.retention is None or not self.is_final(state):
             return None
-        return last_event_at + self.retention
+        return last_event_ms + self.retention // timedelta(milliseconds=1)

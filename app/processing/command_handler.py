@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Any
 
 from pydantic import ValidationError
@@ -95,12 +94,11 @@ def handle_command(
     version = current + len(events)
     aggregate = None
     if events and new_state is not None:
-        expires = aggregate_type.expires_at(new_state, datetime.fromtimestamp(now / 1000, tz=timezone.utc))
         aggregate = StoredAggregate(
             version=version,
             state=new_state.model_dump(mode="json"),
             updated_at=now,
-            expires_at=int(expires.timestamp() * 1000) if expires is not None else None,
+            expires_at=aggregate_type.expires_at(new_state, now),
         )
     outcome = Outcome(
         command_id=envelope.command_id,

@@ -22,7 +22,9 @@ from app.kafka.partitioner import partition_for
 # while staying under the broker's default message.max.bytes (1 MiB).
 MAX_BATCH_BYTES = 512 * 1024
 
-Headers = Sequence[tuple[str, bytes]]
+# A list, not any sequence: aiokafka's C record builder takes nothing else, and a copy per
+# record is measurable.
+Headers = list[tuple[str, bytes]]
 
 
 @dataclass(slots=True)  # not frozen: several per command, and a frozen __init__ costs 4x
@@ -31,7 +33,7 @@ class Output:
     key: bytes | None
     value: bytes | None
     partition: int | None = None  # None: by key
-    headers: Headers = ()
+    headers: Headers | None = None
 
 
 class RecordCollector:
@@ -42,37 +44,43 @@ class RecordCollector:
     async def send(self, outputs: Sequence[Output]) -> dict[TopicPartition, int]:
         """Send `outputs` inside the producer's open transaction and wait until the broker
         has them all; return the offset of the last record written to each partition."""
-        builders: dict[TopicPartition, Any] = {}
-        counts: dict[TopicPartition, int] = {}
-        sent: list[tuple[TopicPartition, int, asyncio.Future[Any]]] = []
-        for topic in {out.topic for out in outputs if out.partition is None} - set(self._partition_counts):
-            self._partition_counts[topic] = len(await self.producer.partitions_for(topic))
+        counts = self._partition_counts
+        for topic in {out.topic for out in outputs if out.partition is None} - set(counts):
+            counts[topic] = len(await self.producer.partitions_for(topic))
+        # Keyed by (topic, partition) tuples: this loop runs for every record of a batch,
+        # and a TopicPartition per record cost more than the append itself.
+        builders: dict[tuple[str, int], Any] = {}
+        appended: dict[tuple[str, int], int] = {}
+        sent: list[tuple[tuple[str, int], int, asyncio.Future[Any]]] = []
         for out in outputs:
-            tp = TopicPartition(out.topic, self._partition(out))
+            partition = out.partition
+            if partition is None:
+                if out.key is None:
+                    raise ValueError(f"a record for {out.topic} needs a key or a partition")
+                partition = partition_for(out.key, counts[out.topic])
+            tp = (out.topic, partition)
             builder = builders.get(tp)
             if builder is None or not _append(builder, out):
                 if builder is not None:  # full: off it goes
-                    sent.append((tp, counts[tp], await self.producer.send_batch(builder, tp.topic, partition=tp.partition)))
+                    sent.append((tp, appended[tp], await self.producer.send_batch(builder, tp[0], partition=tp[1])))
                 builder = builders[tp] = self.producer.create_batch()
-                counts[tp] = 0
+                appended[tp] = 0
                 if not _append(builder, out):
-                    raise ValueError(f"a record for {tp} is larger than a batch ({MAX_BATCH_BYTES} bytes)")
-            counts[tp] += 1
+                    raise ValueError(f"a record for {tp[0]}[{tp[1]}] is larger than a batch ({MAX_BATCH_BYTES} bytes)")
+            appended[tp] += 1
         for tp, builder in builders.items():
-            sent.append((tp, counts[tp], await self.producer.send_batch(builder, tp.topic, partition=tp.partition)))
+            sent.append((tp, appended[tp], await self.producer.send_batch(builder, tp[0], partition=tp[1])))
         await asyncio.gather(*(future for _, _, future in sent))
         last: dict[TopicPartition, int] = {}
-        for tp, count, future in sent:
+        for (topic, partition), count, future in sent:
+            tp = TopicPartition(topic, partition)
             last[tp] = max(last.get(tp, -1), future.result().offset + count - 1)
         return last
 
-    def _partition(self, out: Output) -> int:
-        if out.partition is not None:
-            return out.partition
-        if out.key is None:
-            raise ValueError(f"a record for {out.topic} needs a key or a partition")
-        return partition_for(out.key, self._partition_counts[out.topic])
+
+_NO_HEADERS: Headers = []  # shared: the builder only reads it
 
 
 def _append(builder: Any, out: Output) -> bool:
-    return builder.append(timestamp=None, key=out.key, value=out.value, headers=list(out.headers)) is not None
+    headers = out.headers if out.headers is not None else _NO_HEADERS
+    return builder.append(timestamp=None, key=out.key, value=out.value, headers=headers) is not None

@@ -142,7 +142,7 @@ class StreamTask:
         multi-get rather than one get per key (bench/handling.py). Nothing here awaits, and
         that keeps the fetched values true: the store is written only by a commit, and a
         commit runs only when the handling gives the loop a turn."""
-        handled: list[tuple[ConsumerRecord[bytes, bytes], CommandEnvelope | DecodeError]] = []
+        handled: list[tuple[ConsumerRecord[bytes, bytes], CommandEnvelope | DecodeError, bytes, bytes]] = []
         wanted: list[bytes] = []
         next_offset = self.next_offset
         for record in records:
@@ -152,18 +152,20 @@ class StreamTask:
             try:
                 envelope = CommandEnvelope.decode(record.value)
             except DecodeError as error:
-                handled.append((record, error))
+                handled.append((record, error, b"", b""))
                 continue
-            handled.append((record, envelope))
-            wanted += (command_key(envelope.command_id), aggregate_key(envelope.aggregate_type, envelope.aggregate_id))
-        self._fetched = self.store.get_many([key for key in wanted if self._overlay(key) is _ABSENT])
+            keys = command_key(envelope.command_id), aggregate_key(envelope.aggregate_type, envelope.aggregate_id)
+            handled.append((record, envelope, *keys))
+            wanted += keys
+        unwritten = self._open.writes, self._sealed.writes if self._sealed is not None else {}
+        self._fetched = self.store.get_many([key for key in wanted if key not in unwritten[0] and key not in unwritten[1]])
         try:
-            for record, decoded in handled:
+            for record, decoded, command_store_key, aggregate_store_key in handled:
                 self.next_offset = record.offset + 1
                 if isinstance(decoded, DecodeError):
                     self._dead_letter(record, str(decoded))
                 else:
-                    self._handle(record, decoded)
+                    self._handle(record, decoded, command_store_key, aggregate_store_key)
         finally:
             self._fetched = {}
             # one increment per kind and chunk: `labels()` and `inc()` each take a lock
@@ -171,12 +173,14 @@ class StreamTask:
                 COMMANDS.labels(aggregate_type, outcome).inc(count)
             self._counted.clear()
 
-    def _handle(self, record: ConsumerRecord[bytes, bytes], envelope: CommandEnvelope) -> None:
+    def _handle(
+        self, record: ConsumerRecord[bytes, bytes], envelope: CommandEnvelope, command_store_key: bytes, key: bytes
+    ) -> None:
         if record.key != envelope.key:
             # Ordering (G1) rests on every command of an aggregate sharing a partition.
             self._dead_letter(record, f"record key {record.key!r} does not match aggregate {envelope.key!r}")
             return
-        previous = self._get(command_key(envelope.command_id))
+        previous = self._get(command_store_key)
         if previous is not None:
             # A retry: answer with the original outcome, change nothing (G3).
             self._emit(self.topics.results, envelope.command_id.encode(), previous)
@@ -185,25 +189,26 @@ class StreamTask:
         aggregate_type = self.registry.get(envelope.aggregate_type)
         if aggregate_type is None:
             detail = f"no aggregate type {envelope.aggregate_type!r}"
-            self._record_outcome(refusal(envelope, Status.REJECTED, "unknown_aggregate_type", detail, 0, now_ms()))
+            outcome = refusal(envelope, Status.REJECTED, "unknown_aggregate_type", detail, 0, now_ms())
+            self._record_outcome(outcome, command_store_key)
             return
-        key = aggregate_key(envelope.aggregate_type, envelope.aggregate_id)
         raw = self._get(key)
         stored = StoredAggregate.decode(raw) if raw is not None else None
         handled = handle_command(aggregate_type, envelope, stored, now_ms())
-        events_topic = self.topics.events(envelope.aggregate_type)
-        for event in handled.events:
-            self._emit(events_topic, envelope.aggregate_id.encode(), event.encode(), headers=event.headers())
+        if handled.events:
+            events_topic, record_key = self.topics.events(envelope.aggregate_type), envelope.aggregate_id.encode()
+            for event in handled.events:
+                self._emit(events_topic, record_key, event.encode(), headers=event.headers())
         if handled.aggregate is not None:
             self._change(key, handled.aggregate.encode(), handled.aggregate.expires_at)
             expires_before = stored.expires_at if stored is not None else None
             if expires_before is not None and expires_before != handled.aggregate.expires_at:
                 self._index(expiry_key(expires_before, key), None)
-        self._record_outcome(handled.outcome)
+        self._record_outcome(handled.outcome, command_store_key)
 
-    def _record_outcome(self, outcome: Outcome) -> None:
+    def _record_outcome(self, outcome: Outcome, key: bytes) -> None:
+        """`key`: the command's store key, under which the outcome answers retries."""
         value = outcome.encode()
-        key = command_key(outcome.command_id)
         self._emit(self.topics.results, outcome.command_id.encode(), value)
         self._change(key, value, expires_at=outcome.processed_at + self.dedup_window_ms)
         self._counted[outcome.aggregate_type, outcome.code or outcome.status.value] += 1
@@ -247,10 +252,10 @@ class StreamTask:
         entry here, and says when in a header, from which a restore derives the same entry
         (no index record in the changelog)."""
         self._open.writes[key] = value
-        headers: Headers = ()
+        headers: Headers | None = None
         if expires_at is not None:
             self._index(expiry_key(expires_at, key), b"")
-            headers = (expires_at_header(expires_at),)
+            headers = [expires_at_header(expires_at)]
         self._emit(self.topics.changelog, key, value, partition=self.partition, headers=headers)
 
     def _index(self, key: bytes, value: bytes | None) -> None:
@@ -263,7 +268,7 @@ class StreamTask:
         key: bytes | None,
         value: bytes | None,
         partition: int | None = None,
-        headers: Headers = (),
+        headers: Headers | None = None,
     ) -> None:
         # Every handled command and every expiry emits something: the batch starts here.
         if self._open.started is None:
@@ -273,12 +278,12 @@ class StreamTask:
     def _dead_letter(self, record: ConsumerRecord[bytes, bytes], reason: str) -> None:
         log.warning("%s[%d]@%d to the DLQ: %s", record.topic, record.partition, record.offset, reason)
         DLQ_RECORDS.labels(record.topic).inc()
-        headers = (
+        headers = [
             ("esk-dlq-reason", reason.encode()[:1000]),
             ("esk-dlq-topic", record.topic.encode()),
             ("esk-dlq-partition", str(record.partition).encode()),
             ("esk-dlq-offset", str(record.offset).encode()),
-        )
+        ]
         self._emit(self.topics.dlq, record.key, record.value, partition=self.partition, headers=headers)
 
     # -- committing ----------------------------------------------------------------
