@@ -4,9 +4,13 @@ there). They are values: nothing changes one after it is made. They are not froz
 because a frozen dataclass's __init__ costs five times as much, and the processor makes
 several of them per command.
 
-- commands topic: key `<type>/<id>`, value `CommandEnvelope`
+- commands topic: key `<id>` (the aggregate id), value `CommandEnvelope`
 - `<app>.<type>.events`: key `<id>`, value an event record, headers esk-*
-- results topic: key `<command_id>`, value `Outcome`
+- results topic: key `<id>` (the aggregate id), value `Outcome`
+
+Commands, events and outcomes share the aggregate id as key, so the default partitioner
+puts all three on the same partition number (the topics have equal partition counts): a
+task's transaction touches one partition of each topic it writes, not most of them.
 - changelog (and every store): `a/<type>/<id>` -> `StoredAggregate`, `c/<command_id>` -> `Outcome`
 """
 
@@ -100,7 +104,7 @@ class CommandEnvelope:
 
     @property
     def key(self) -> bytes:
-        return f"{self.aggregate_type}/{self.aggregate_id}".encode()
+        return self.aggregate_id.encode()
 
     def encode(self) -> bytes:
         return _encode({

@@ -92,7 +92,8 @@ async def verify(settings: Settings, api_url: str, acknowledged: set[str], timeo
     deadline = time.monotonic() + timeout_s
     while True:
         results = await read_committed(settings, names.results)
-        per_command = Counter(r.key.decode() for r in results if r.key is not None)
+        decoded = [orjson.loads(r.value) for r in results if r.value is not None]
+        per_command = Counter(outcome["command_id"] for outcome in decoded)
         missing = acknowledged - set(per_command)
         if not missing or time.monotonic() > deadline:
             break
@@ -100,7 +101,7 @@ async def verify(settings: Settings, api_url: str, acknowledged: set[str], timeo
     verdict.outcomes = len(results)
     verdict.missing_outcomes = len(missing)
     verdict.duplicate_outcomes = sum(1 for cid in acknowledged if per_command[cid] > 1)
-    outcomes = {r.key.decode(): orjson.loads(r.value) for r in results if r.key is not None}
+    outcomes = {outcome["command_id"]: outcome for outcome in decoded}
     accepted_events = defaultdict(int)
     for outcome in outcomes.values():
         if outcome["status"] == "accepted":

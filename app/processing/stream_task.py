@@ -183,7 +183,7 @@ class StreamTask:
         previous = self._get(command_store_key)
         if previous is not None:
             # A retry: answer with the original outcome, change nothing (G3).
-            self._emit(self.topics.results, envelope.command_id.encode(), previous)
+            self._emit(self.topics.results, envelope.aggregate_id.encode(), previous)
             self._counted[envelope.aggregate_type, "duplicate"] += 1
             return
         aggregate_type = self.registry.get(envelope.aggregate_type)
@@ -209,7 +209,7 @@ class StreamTask:
     def _record_outcome(self, outcome: Outcome, key: bytes) -> None:
         """`key`: the command's store key, under which the outcome answers retries."""
         value = outcome.encode()
-        self._emit(self.topics.results, outcome.command_id.encode(), value)
+        self._emit(self.topics.results, outcome.aggregate_id.encode(), value)
         self._change(key, value, expires_at=outcome.processed_at + self.dedup_window_ms)
         self._counted[outcome.aggregate_type, outcome.code or outcome.status.value] += 1
 

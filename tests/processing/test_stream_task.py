@@ -32,8 +32,7 @@ DEPOSIT = CommandEnvelope("c-deposit", "accounts", "a1", "deposit", {"amount": 5
 
 
 async def _outcomes(settings: Settings) -> list[tuple[str, str, int]]:
-    """Every committed outcome, by version (the results topic is keyed by command id, so
-    the two land on different partitions)."""
+    """Every committed outcome, by version."""
     records = await read_committed(settings, TopicNames(settings.app).results)
     return sorted(((o["command_id"], o["status"], o["version"]) for o in (orjson.loads(r.value) for r in records)), key=lambda o: o[2])
 
