@@ -7,11 +7,11 @@ several of them per command.
 - commands topic: key `<id>` (the aggregate id), value `CommandEnvelope`
 - `<app>.<type>.events`: key `<id>`, value an event record, headers esk-*
 - results topic: key `<id>` (the aggregate id), value `Outcome`
+- changelog (and every store): `a/<type>/<id>` -> `StoredAggregate`, `c/<command_id>` -> `Outcome`
 
 Commands, events and outcomes share the aggregate id as key, so the default partitioner
 puts all three on the same partition number (the topics have equal partition counts): a
 task's transaction touches one partition of each topic it writes, not most of them.
-- changelog (and every store): `a/<type>/<id>` -> `StoredAggregate`, `c/<command_id>` -> `Outcome`
 """
 
 from __future__ import annotations
