@@ -157,8 +157,7 @@ class StreamTask:
             keys = command_key(envelope.command_id), aggregate_key(envelope.aggregate_type, envelope.aggregate_id)
             handled.append((record, envelope, *keys))
             wanted += keys
-        unwritten = self._open.writes, self._sealed.writes if self._sealed is not None else {}
-        self._fetched = self.store.get_many([key for key in wanted if key not in unwritten[0] and key not in unwritten[1]])
+        self._fetched = self.store.get_many([key for key in wanted if self._overlay(key) is _ABSENT])
         try:
             for record, decoded, command_store_key, aggregate_store_key in handled:
                 self.next_offset = record.offset + 1
@@ -176,40 +175,41 @@ class StreamTask:
     def _handle(
         self, record: ConsumerRecord[bytes, bytes], envelope: CommandEnvelope, command_store_key: bytes, key: bytes
     ) -> None:
-        if record.key != envelope.key:
+        record_key = envelope.key  # the aggregate's: its events and outcomes carry it too
+        if record.key != record_key:
             # Ordering (G1) rests on every command of an aggregate sharing a partition.
-            self._dead_letter(record, f"record key {record.key!r} does not match aggregate {envelope.key!r}")
+            self._dead_letter(record, f"record key {record.key!r} does not match aggregate {record_key!r}")
             return
         previous = self._get(command_store_key)
         if previous is not None:
             # A retry: answer with the original outcome, change nothing (G3).
-            self._emit(self.topics.results, envelope.aggregate_id.encode(), previous)
+            self._emit(self.topics.results, record_key, previous)
             self._counted[envelope.aggregate_type, "duplicate"] += 1
             return
         aggregate_type = self.registry.get(envelope.aggregate_type)
         if aggregate_type is None:
             detail = f"no aggregate type {envelope.aggregate_type!r}"
             outcome = refusal(envelope, Status.REJECTED, "unknown_aggregate_type", detail, 0, now_ms())
-            self._record_outcome(outcome, command_store_key)
+            self._record_outcome(outcome, command_store_key, record_key)
             return
         raw = self._get(key)
         stored = StoredAggregate.decode(raw) if raw is not None else None
         handled = handle_command(aggregate_type, envelope, stored, now_ms())
-        if handled.events:
-            events_topic, record_key = self.topics.events(envelope.aggregate_type), envelope.aggregate_id.encode()
-            for event in handled.events:
-                self._emit(events_topic, record_key, event.encode(), headers=event.headers())
+        events_topic = self.topics.events(envelope.aggregate_type)
+        for event in handled.events:
+            self._emit(events_topic, record_key, event.encode(), headers=event.headers())
         if handled.aggregate is not None:
             self._change(key, handled.aggregate.encode(), handled.aggregate.expires_at)
             expires_before = stored.expires_at if stored is not None else None
             if expires_before is not None and expires_before != handled.aggregate.expires_at:
                 self._index(expiry_key(expires_before, key), None)
-        self._record_outcome(handled.outcome, command_store_key)
+        self._record_outcome(handled.outcome, command_store_key, record_key)
 
-    def _record_outcome(self, outcome: Outcome, key: bytes) -> None:
-        """`key`: the command's store key, under which the outcome answers retries."""
+    def _record_outcome(self, outcome: Outcome, key: bytes, record_key: bytes) -> None:
+        """`key`: the command's store key, under which the outcome answers retries;
+        `record_key`: the aggregate's record key, which the outcome is published under."""
         value = outcome.encode()
-        self._emit(self.topics.results, outcome.aggregate_id.encode(), value)
+        self._emit(self.topics.results, record_key, value)
         self._change(key, value, expires_at=outcome.processed_at + self.dedup_window_ms)
         self._counted[outcome.aggregate_type, outcome.code or outcome.status.value] += 1
 
