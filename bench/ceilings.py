@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import subprocess
 import time
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
@@ -55,7 +56,9 @@ async def aiokafka_transactional_produce(settings: Settings, topic: str, records
 
 
 def confluent_rates(settings: Settings, records: list[tuple[bytes, bytes]], topic: str) -> list[tuple[str, float]]:
-    """confluent-kafka (librdkafka) produce and consume of the same records, if installed."""
+    """confluent-kafka (librdkafka) produce and consume of the same records, if installed;
+    and produce in transactions of the processor's size, the row to set against
+    aiokafka's for the processor's choice of client."""
     try:
         from confluent_kafka import Consumer, Producer
     except ImportError:
@@ -63,13 +66,7 @@ def confluent_rates(settings: Settings, records: list[tuple[bytes, bytes]], topi
     conf = {"bootstrap.servers": settings.bootstrap_servers}
     producer = Producer({**conf, "acks": "all", "enable.idempotence": True, "linger.ms": 20})
     started = time.perf_counter()
-    for key, value in records:
-        while True:
-            try:
-                producer.produce(topic, value, key)
-                break
-            except BufferError:
-                producer.poll(0.01)
+    _confluent_produce(producer, topic, records)
     producer.flush()
     produce_s = time.perf_counter() - started
     consumer = Consumer({**conf, "group.id": f"{topic}-reader", "auto.offset.reset": "earliest", "enable.auto.commit": False})
@@ -79,10 +76,30 @@ def confluent_rates(settings: Settings, records: list[tuple[bytes, bytes]], topi
         seen += len([m for m in consumer.consume(10_000, timeout=1.0) if m.error() is None])
     consume_s = time.perf_counter() - started
     consumer.close()
+    transactional = Producer({**conf, "transactional.id": f"{topic}-confluent-ceiling", "linger.ms": 20})
+    transactional.init_transactions()
+    per_transaction = settings.processor.batch_max_records * 3
+    started = time.perf_counter()
+    for start in range(0, len(records), per_transaction):
+        transactional.begin_transaction()
+        _confluent_produce(transactional, topic, records[start:start + per_transaction])
+        transactional.commit_transaction()
+    transactional_s = time.perf_counter() - started
     return [
         ("confluent-kafka produce (acks=all)", len(records) / produce_s),
+        ("confluent-kafka produce, in transactions of esk's size", len(records) / transactional_s),
         ("confluent-kafka consume", len(records) / consume_s),
     ]
+
+
+def _confluent_produce(producer: Any, topic: str, records: list[tuple[bytes, bytes]]) -> None:
+    for key, value in records:
+        while True:
+            try:
+                producer.produce(topic, value, key)
+                break
+            except BufferError:  # its queue is full: let it deliver some
+                producer.poll(0.01)
 
 
 def kafka_perf_tools(broker: EmbeddedBroker, settings: Settings, records: int, size: int) -> list[tuple[str, float]]:

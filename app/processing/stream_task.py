@@ -173,7 +173,11 @@ class StreamTask:
             self._counted.clear()
 
     def _handle(
-        self, record: ConsumerRecord[bytes, bytes], envelope: CommandEnvelope, command_store_key: bytes, key: bytes
+        self,
+        record: ConsumerRecord[bytes, bytes],
+        envelope: CommandEnvelope,
+        command_store_key: bytes,
+        aggregate_store_key: bytes,
     ) -> None:
         record_key = envelope.key  # the aggregate's: its events and outcomes carry it too
         if record.key != record_key:
@@ -192,25 +196,25 @@ class StreamTask:
             outcome = refusal(envelope, Status.REJECTED, "unknown_aggregate_type", detail, 0, now_ms())
             self._record_outcome(outcome, command_store_key, record_key)
             return
-        raw = self._get(key)
+        raw = self._get(aggregate_store_key)
         stored = StoredAggregate.decode(raw) if raw is not None else None
         handled = handle_command(aggregate_type, envelope, stored, now_ms())
         events_topic = self.topics.events(envelope.aggregate_type)
         for event in handled.events:
             self._emit(events_topic, record_key, event.encode(), headers=event.headers())
         if handled.aggregate is not None:
-            self._change(key, handled.aggregate.encode(), handled.aggregate.expires_at)
+            self._change(aggregate_store_key, handled.aggregate.encode(), handled.aggregate.expires_at)
             expires_before = stored.expires_at if stored is not None else None
             if expires_before is not None and expires_before != handled.aggregate.expires_at:
-                self._index(expiry_key(expires_before, key), None)
+                self._index(expiry_key(expires_before, aggregate_store_key), None)
         self._record_outcome(handled.outcome, command_store_key, record_key)
 
-    def _record_outcome(self, outcome: Outcome, key: bytes, record_key: bytes) -> None:
-        """`key`: the command's store key, under which the outcome answers retries;
-        `record_key`: the aggregate's record key, which the outcome is published under."""
+    def _record_outcome(self, outcome: Outcome, command_store_key: bytes, record_key: bytes) -> None:
+        """`command_store_key`: where the outcome answers retries; `record_key`: the
+        aggregate's record key, which the outcome is published under."""
         value = outcome.encode()
         self._emit(self.topics.results, record_key, value)
-        self._change(key, value, expires_at=outcome.processed_at + self.dedup_window_ms)
+        self._change(command_store_key, value, expires_at=outcome.processed_at + self.dedup_window_ms)
         self._counted[outcome.aggregate_type, outcome.code or outcome.status.value] += 1
 
     def expire(self, now: int, limit: int) -> int:

@@ -11,7 +11,7 @@ import pytest
 from app.kafka.topics import TopicNames
 from app.registry import load_registry
 from app.settings import Settings
-from tests.system import api, events_topic, processor, read_topic, system, wait_for
+from tests.system import events_topic, processor, read_topic, system
 
 pytestmark = pytest.mark.kafka
 PROBLEM = "application/problem+json"
