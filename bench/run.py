@@ -117,7 +117,7 @@ def ratios(report: Report, budget_mb: int) -> list[tuple[str, float | None, str]
     if produce and consume:
         # each command reads one record and writes about three: the ceiling is the rate at
         # which the client could move that traffic
-        client_ceiling = 1 / (1 / consume + 3 / produce)
+        client_ceiling = 1 / (1 / consume + ceilings.WRITES_PER_COMMAND / produce)
     out = [
         ("W1 esk / client ceiling (1 read + 3 writes)", w1 / client_ceiling if w1 and client_ceiling else None, ">= 0.5"),
         ("W1 esk / Quix Streams", w1 / quix if w1 and quix else None, ">= 1.5"),
