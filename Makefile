@@ -5,8 +5,6 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 ESK    := $(VENV)/bin/esk
 VENV_STAMP := $(VENV)/.esk-installed
-KAFKA_JARS := deploy/kafka/libs/.resolved
-SPARK_JARS := deploy/spark/jars/.resolved
 
 .PHONY: run test setup venv jars tools crash bench bench-quick clean
 
@@ -21,20 +19,14 @@ $(VENV_STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev,spark]'
 	@touch $@
 
-jars: $(KAFKA_JARS) $(SPARK_JARS)
+# The jars live in esk's cache (~/.cache/esk), keyed by their poms (app/esk/jars/): esk
+# resolves them on first use anyway; resolving them here keeps that out of the first test.
+jars: venv tools
+	@$(ESK) jars kafka >/dev/null
+	@$(ESK) jars spark >/dev/null
 tools:
 	@command -v java >/dev/null 2>&1 || { echo "error: java not found: install OpenJDK 17+ (apt-get install openjdk-17-jre-headless)"; exit 1; }
 	@command -v mvn >/dev/null 2>&1 || { echo "error: mvn not found: install Maven (apt-get install maven)"; exit 1; }
-
-$(KAFKA_JARS): deploy/kafka/pom.xml | tools
-	rm -rf deploy/kafka/libs
-	mvn -q -B -f deploy/kafka/pom.xml dependency:copy-dependencies
-	@touch $@
-
-$(SPARK_JARS): deploy/spark/pom.xml deploy/spark/maven-settings.xml | tools
-	rm -rf deploy/spark/jars
-	mvn -q -B -s deploy/spark/maven-settings.xml -f deploy/spark/pom.xml dependency:copy-dependencies
-	@touch $@
 
 run: setup
 	$(ESK) dev
@@ -57,4 +49,4 @@ crash: setup
 	$(PY) -m bench.crash --kills 50
 
 clean:
-	rm -rf $(VENV) deploy/kafka/libs deploy/spark/jars .esk
+	rm -rf $(VENV) .esk

@@ -10,12 +10,12 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from app.broker import EmbeddedBroker
-from app.kafka.client_options import client_options
-from app.kafka.metadata import topic_partitions
-from app.kafka.transactions import transactional_producer
-from app.processing.record_collector import MAX_BATCH_BYTES, Output, RecordCollector
-from app.settings import Settings
+from esk.broker import EmbeddedBroker
+from esk.kafka.client_options import client_options
+from esk.kafka.metadata import topic_partitions
+from esk.kafka.transactions import transactional_producer
+from esk.processing.record_collector import MAX_BATCH_BYTES, Output, RecordCollector
+from esk.settings import Settings
 
 # What one command writes, as the W1 targets count it: "about three". W1's commands write 3.7
 # (0.84 events, the outcome, the changelog records of the aggregate and of the command),

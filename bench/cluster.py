@@ -22,11 +22,11 @@ from typing import Any, TypeVar
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.broker import EmbeddedBroker
-from app.broker.ports import free_port, free_port_pair
-from app.kafka.topics import ensure_topics, topic_specs
-from app.registry import load_registry
-from app.settings import BrokerSettings, Settings
+from esk.broker import EmbeddedBroker
+from esk.broker.ports import free_port, free_port_pair
+from esk.kafka.topics import ensure_topics, topic_specs
+from esk.registry import load_registry
+from esk.settings import BrokerSettings, Settings
 
 
 @dataclass
@@ -46,7 +46,7 @@ class EskProcess:
         log.write(f"\n=== start {self.starts} ===\n".encode())
         log.flush()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", self.role, *self.args], env=self.env, stdout=log, stderr=subprocess.STDOUT
+            [sys.executable, "-m", "esk", self.role, *self.args], env=self.env, stdout=log, stderr=subprocess.STDOUT
         )
 
     def signal(self, sig: signal.Signals) -> None:

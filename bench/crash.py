@@ -38,10 +38,10 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from app.kafka.reader import read_committed
-from app.kafka.topics import TopicNames, ensure_topics, topic_specs
-from app.registry import load_registry
-from app.settings import Settings
+from esk.kafka.reader import read_committed
+from esk.kafka.topics import TopicNames, ensure_topics, topic_specs
+from esk.registry import load_registry
+from esk.settings import Settings
 from bench.cluster import Cluster, EskProcess, api_ready, run_harness, scratch_broker, scratch_settings, wait_until
 from domain.accounts import accounts as accounts_type
 

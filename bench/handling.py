@@ -15,12 +15,12 @@ from pathlib import Path
 
 from aiokafka.structs import ConsumerRecord
 
-from app.kafka.topics import TopicNames
-from app.processing.stream_task import Batch, StreamTask
-from app.registry import load_registry
-from app.settings import Settings
-from app.state.resources import StoreResources
-from app.state.store import RocksDBStore
+from esk.kafka.topics import TopicNames
+from esk.processing.stream_task import Batch, StreamTask
+from esk.registry import load_registry
+from esk.settings import Settings
+from esk.state.resources import StoreResources
+from esk.state.store import RocksDBStore
 from bench.results import console
 from bench.workload import accounts_commands, command_records
 

@@ -17,7 +17,7 @@ import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from app.settings import Settings
+from esk.settings import Settings
 from bench.cluster import Cluster, new_app, run_harness, scratch_broker, scratch_settings
 from bench.http_load import LoadSpec, run_load
 from bench.measure import cpu_cores

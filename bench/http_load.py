@@ -33,7 +33,7 @@ from pathlib import Path
 
 import orjson
 
-from app.protocol import CommandEnvelope
+from esk.protocol import CommandEnvelope
 from bench.measure import percentile
 from bench.workload import account_ids, account_moves, account_opens, order_place
 

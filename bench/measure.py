@@ -16,10 +16,10 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import GroupCoordinatorNotAvailableError
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.kafka.client_options import client_options
-from app.kafka.metadata import topic_partitions
-from app.kafka.topics import TopicNames
-from app.settings import Settings
+from esk.kafka.client_options import client_options
+from esk.kafka.metadata import topic_partitions
+from esk.kafka.topics import TopicNames
+from esk.settings import Settings
 from bench.cluster import EskProcess
 from bench.results import Report
 from bench.workload import PROBES, committed_lag, probe_records, produce

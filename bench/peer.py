@@ -13,8 +13,8 @@ from pathlib import Path
 
 import psutil
 
-from app.kafka.topics import TopicSpec, ensure_topics
-from app.settings import Settings
+from esk.kafka.topics import TopicSpec, ensure_topics
+from esk.settings import Settings
 from bench.measure import restart, w3_outputs_row
 from bench.results import Report
 from bench.workload import PROBES, committed_lag, end_offsets, probe_records

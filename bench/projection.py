@@ -21,8 +21,8 @@ from pathlib import Path
 
 import httpx
 
-from app.kafka.topics import TopicNames
-from app.settings import Settings
+from esk.kafka.topics import TopicNames
+from esk.settings import Settings
 from bench.cluster import Cluster, EskProcess, new_app
 from bench.delta_watch import RowWatch
 from bench.http_load import LoadSpec, run_load
@@ -60,15 +60,15 @@ async def measure(base: Settings, workdir: Path, sizes: W4Sizes, budget_mb: int,
 
 
 async def _catch_up(settings: Settings, processor: EskProcess, n_events: int, report: Report) -> None:
-    from projections.read_models import PROJECTIONS
-    from projections.runner import RunSummary, run
-    from projections.session import spark_session
+    from esk.projections.catalog import load_read_models
+    from esk.projections.runner import RunSummary, run
+    from esk.projections.session import spark_session
 
     spark = await asyncio.to_thread(spark_session, settings, "esk-bench-w4")
 
     def timed() -> tuple[RunSummary, float]:
         started = time.perf_counter()
-        summary = run(settings, PROJECTIONS[READ_MODEL], spark=spark)
+        summary = run(settings, load_read_models(settings.read_models)[READ_MODEL], spark=spark)
         return summary, time.perf_counter() - started
 
     try:
@@ -85,7 +85,7 @@ async def _catch_up(settings: Settings, processor: EskProcess, n_events: int, re
 
 
 async def _lag(settings: Settings, api_url: str, workdir: Path, sizes: W4Sizes, report: Report) -> None:
-    from projections.catalog import Tables
+    from esk.projections.catalog import Tables
 
     path = Tables(settings.projections.warehouse_dir).current_path(READ_MODEL)
     assert path is not None

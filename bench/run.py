@@ -17,10 +17,9 @@ from pathlib import Path
 
 from rich.table import Table
 
-from app.kafka.reader import read_committed
-from app.kafka.topics import TopicNames, TopicSpec, ensure_topics, topic_specs
-from app.registry import load_registry
-from app.settings import PROJECT_ROOT
+from esk.kafka.reader import read_committed
+from esk.kafka.topics import TopicNames, TopicSpec, ensure_topics, topic_specs
+from esk.registry import load_registry
 from bench import ceilings, http_e2e, peer, projection
 from bench.cluster import Cluster, run_harness, scratch_broker, scratch_settings
 from bench.http_e2e import W2Sizes
@@ -162,7 +161,7 @@ def main() -> None:
     if args.write:
         from bench.report import write
 
-        write(report, ratios(report, args.budget_mb), PROJECT_ROOT / "docs")
+        write(report, ratios(report, args.budget_mb), Path(__file__).resolve().parent.parent / "docs")
 
 
 if __name__ == "__main__":

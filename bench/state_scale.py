@@ -11,8 +11,8 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from app.kafka.topics import TopicNames, ensure_topics, topic_specs
-from app.registry import load_registry
+from esk.kafka.topics import TopicNames, ensure_topics, topic_specs
+from esk.registry import load_registry
 from bench.cluster import Cluster, run_harness, scratch_broker, scratch_settings
 from bench.measure import drain, restarts
 from bench.results import Report, console

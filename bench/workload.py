@@ -13,10 +13,10 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.structs import TopicPartition
 
-from app.kafka.client_options import client_options
-from app.kafka.metadata import topic_partitions
-from app.protocol import CommandEnvelope
-from app.settings import Settings
+from esk.kafka.client_options import client_options
+from esk.kafka.metadata import topic_partitions
+from esk.protocol import CommandEnvelope
+from esk.settings import Settings
 
 
 def account_ids(n_accounts: int) -> list[str]:

@@ -1,13 +1,10 @@
-"""Pure domain code: aggregates as pydantic models and two functions. Imports nothing from app/."""
+"""The example domain of PRODUCT.md (a bank and a shop), written as any user's own domain
+is: with `import esk` alone. The default `ESK_DOMAIN` (`domain:AGGREGATES`) finds it when
+esk runs from this directory."""
 
-from domain.aggregate import (
-    ALREADY_EXISTS,
-    NOT_FOUND,
-    AggregateType,
-    Command,
-    Decision,
-    Event,
-    Rejection,
-)
+from esk import AggregateType
 
-__all__ = ["ALREADY_EXISTS", "NOT_FOUND", "AggregateType", "Command", "Decision", "Event", "Rejection"]
+from .accounts import accounts
+from .orders import orders
+
+AGGREGATES: list[AggregateType] = [accounts, orders]  # type: ignore[type-arg]  # a list of types with different states

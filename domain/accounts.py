@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from domain.aggregate import AggregateType, Command, Decision, Event, Rejection
+from esk import AggregateType, Command, Decision, Event, Rejection
 
 Amount = Field(gt=0, le=10**12)  # at most 10 billion in major units: fits a 64-bit long everywhere
 

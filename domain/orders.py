@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from domain.aggregate import AggregateType, Command, Decision, Event, Rejection
+from esk import AggregateType, Command, Decision, Event, Rejection
 
 
 class Line(BaseModel):

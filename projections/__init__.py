@@ -1,9 +1,7 @@
-"""Category read models built by PySpark Structured Streaming into Delta Lake tables.
+"""The example's read models (PySpark into Delta Lake), written as any user's are: against
+esk's projection API, registered by the default `ESK_READ_MODELS` (`projections:READ_MODELS`).
+Importing this needs the spark extra."""
 
-- `catalog.py`: which read models exist and where their tables are (no Spark needed, so
-  the HTTP API can read them with delta-rs).
-- `events.py`: the event stream as a DataFrame, decoded with schemas derived from the
-  domain's event models and upcast by the domain's own upcasters.
-- `runner.py`: runs a projection exactly once into Delta (idempotent MERGE per batch).
-- `read_models.py`: the shipped projections.
-"""
+from .read_models import READ_MODELS
+
+__all__ = ["READ_MODELS"]

@@ -1,5 +1,5 @@
-"""The shipped read models. Each is a batch transformation plus how its rows merge in;
-adding one is adding an entry here (and its name to catalog.py), nothing else."""
+"""The example's read models. Each is a batch transformation plus how its rows merge in;
+`READ_MODELS` (in __init__.py) registers them, and the default `ESK_READ_MODELS` finds it."""
 
 from __future__ import annotations
 
@@ -7,10 +7,9 @@ from delta.tables import DeltaTable
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from app.registry import Registry
-from projections.catalog import CATALOG
-from projections.events import spark_schema
-from projections.runner import BatchWriter, Projection
+from esk.projections.catalog import BatchWriter, Projection, ReadModel
+from esk.projections.events import spark_schema
+from esk.registry import Registry
 
 RECENT_ORDERS = 30
 
@@ -184,26 +183,38 @@ def _events_archive(spark: SparkSession, table: DeltaTable, events: DataFrame, r
     return events.count()
 
 
-PROJECTIONS: dict[str, Projection] = {
-    p.model.name: p
-    for p in (
-        Projection(
-            CATALOG["account_balances"],
-            "account_id STRING, owner STRING, balance BIGINT, status STRING, version BIGINT",
-            _account_balances,
+READ_MODELS: list[Projection] = [
+    Projection(
+        ReadModel("account_balances", ("accounts",), "balance, status and version per account", order_by=("account_id",)),
+        "account_id STRING, owner STRING, balance BIGINT, status STRING, version BIGINT",
+        _account_balances,
+    ),
+    Projection(
+        ReadModel("daily_order_totals", ("orders",), "orders placed and amount per day", order_by=("day",)),
+        "day DATE, orders BIGINT, amount BIGINT",
+        _daily_order_totals,
+    ),
+    Projection(
+        ReadModel(
+            "customer_recent_orders",
+            ("orders",),
+            "each customer's last 30 orders, newest first",
+            order_by=("customer_id", "-placed_at", "-order_id"),
         ),
-        Projection(CATALOG["daily_order_totals"], "day DATE, orders BIGINT, amount BIGINT", _daily_order_totals),
-        Projection(
-            CATALOG["customer_recent_orders"],
-            "customer_id STRING, order_id STRING, placed_at TIMESTAMP, status STRING, total BIGINT, version BIGINT",
-            _customer_recent_orders,
+        "customer_id STRING, order_id STRING, placed_at TIMESTAMP, status STRING, total BIGINT, version BIGINT",
+        _customer_recent_orders,
+    ),
+    Projection(
+        ReadModel(
+            "events_archive",
+            ("accounts", "orders"),
+            "every event, partitioned by aggregate type and day",
+            order_by=("aggregate_type", "aggregate_id", "version"),
+            partition_by=("aggregate_type", "day"),
         ),
-        Projection(
-            CATALOG["events_archive"],
-            "event_id STRING, aggregate_type STRING, aggregate_id STRING, version BIGINT, type STRING, "
-            "schema_version INT, data STRING, command_id STRING, correlation_id STRING, causation_id STRING, "
-            "recorded_at BIGINT, event_time TIMESTAMP, day DATE",
-            _events_archive,
-        ),
-    )
-}
+        "event_id STRING, aggregate_type STRING, aggregate_id STRING, version BIGINT, type STRING, "
+        "schema_version INT, data STRING, command_id STRING, correlation_id STRING, causation_id STRING, "
+        "recorded_at BIGINT, event_time TIMESTAMP, day DATE",
+        _events_archive,
+    ),
+]

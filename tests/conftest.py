@@ -1,4 +1,4 @@
-"""The suite starts one real Kafka broker (KRaft, from deploy/kafka) on free ports and
+"""The suite starts one real Kafka broker (KRaft, its jars from esk's jar cache) on free ports and
 stops it at the end. Each test that needs topics gets an application name of its own."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from app.broker import EmbeddedBroker
-from app.broker.ports import free_port_pair
-from app.settings import BrokerSettings, Settings
+from esk.broker import EmbeddedBroker
+from esk.broker.ports import free_port_pair
+from esk.settings import BrokerSettings, Settings
 
 
 @pytest.fixture(scope="session")

@@ -17,15 +17,15 @@ import uvicorn
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import ConsumerRecord
 
-from app.api.http import create_app
-from app.broker.ports import free_port
-from app.kafka.client_options import client_options
-from app.kafka.reader import read_committed
-from app.kafka.topics import TopicNames, ensure_topics, topic_specs
-from app.processing.processor import Processor
-from app.protocol import CommandEnvelope
-from app.registry import Registry, load_registry
-from app.settings import Settings
+from esk.api.http import create_app
+from esk.broker.ports import free_port
+from esk.kafka.client_options import client_options
+from esk.kafka.reader import read_committed
+from esk.kafka.topics import TopicNames, ensure_topics, topic_specs
+from esk.processing.processor import Processor
+from esk.protocol import CommandEnvelope
+from esk.registry import Registry, load_registry
+from esk.settings import Settings
 
 
 async def wait_for(predicate: Any, timeout_s: float = 60.0, what: str = "condition") -> None:

@@ -8,7 +8,7 @@ import tracemalloc
 import orjson
 import pytest
 
-from app.protocol import CommandEnvelope, EventRecord, Outcome, Status, StoredAggregate
+from esk.protocol import CommandEnvelope, EventRecord, Outcome, Status, StoredAggregate
 
 
 def test_an_encoded_record_takes_about_its_own_size() -> None:

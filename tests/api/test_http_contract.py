@@ -8,9 +8,9 @@ import uuid
 import httpx
 import pytest
 
-from app.kafka.topics import TopicNames
-from app.registry import load_registry
-from app.settings import Settings
+from esk.kafka.topics import TopicNames
+from esk.registry import load_registry
+from esk.settings import Settings
 from tests.system import events_topic, processor, read_topic, system
 
 pytestmark = pytest.mark.kafka

@@ -12,7 +12,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from bench.http_load import HttpClient, _post
-from app.broker.ports import free_port
+from esk.broker.ports import free_port
 from tests.system import wait_for
 
 peers: set[tuple[str, int]] = set()

@@ -2,7 +2,7 @@ import pytest
 from pydantic import ValidationError
 
 from domain.accounts import Account, Close, Closed, Deposit, Deposited, Open, Opened, Withdraw, Withdrawn, accounts
-from domain.testing import given
+from esk import given
 
 OPENED = Opened(owner="ada")
 

@@ -14,7 +14,7 @@ from domain.orders import (
     Shipped,
     orders,
 )
-from domain.testing import given
+from esk import given
 
 LINES = [Line(sku="apple", qty=2, price=150)]
 PLACED = Placed(customer_id="c1", lines=LINES)

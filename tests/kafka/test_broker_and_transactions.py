@@ -11,10 +11,10 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from app.broker import BrokerError, EmbeddedBroker
-from app.kafka.topics import TopicNames, ensure_topics, topic_specs
-from app.settings import BrokerSettings, Settings
-from app.broker.ports import free_port_pair
+from esk.broker import BrokerError, EmbeddedBroker
+from esk.kafka.topics import TopicNames, ensure_topics, topic_specs
+from esk.settings import BrokerSettings, Settings
+from esk.broker.ports import free_port_pair
 
 pytestmark = pytest.mark.kafka
 
@@ -104,7 +104,7 @@ async def test_a_wrong_partition_count_or_policy_is_reported(settings: Settings)
 def test_broker_restart_keeps_data_and_status_follows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # a cluster id that starts with "-" (1 in 64 random ids) must not read as an option
     leading_dash = uuid.UUID(bytes=b"\xf8" + bytes(15))
-    monkeypatch.setattr("app.broker.embedded.uuid.uuid4", lambda: leading_dash)
+    monkeypatch.setattr("esk.broker.embedded.uuid.uuid4", lambda: leading_dash)
     embedded = EmbeddedBroker(BrokerSettings(port=free_port_pair(), data_dir=tmp_path / "b"))
     assert not embedded.status().running
     embedded.start()

@@ -7,7 +7,7 @@ import random
 import pytest
 from aiokafka.partitioner import DefaultPartitioner
 
-from app.kafka.partitioner import partition_for
+from esk.kafka.partitioner import partition_for
 
 # Utils.murmur2 of these keys, from Kafka's own UtilsTest
 JAVA_MURMUR2 = {

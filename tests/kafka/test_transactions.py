@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import aiokafka.producer.sender
 
-from app.kafka.transactions import CONCURRENT_TRANSACTIONS_RETRY_S, transactional_producer
-from app.settings import Settings
+from esk.kafka.transactions import CONCURRENT_TRANSACTIONS_RETRY_S, transactional_producer
+from esk.settings import Settings
 
 
 async def test_the_producer_is_transactional_and_retries_concurrent_transactions_sooner() -> None:

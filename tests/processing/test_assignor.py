@@ -6,7 +6,7 @@ from __future__ import annotations
 from aiokafka.cluster import ClusterMetadata
 from aiokafka.coordinator.protocol import ConsumerProtocol
 
-from app.processing.assignor import MemberState, StandbyAssignor, plan
+from esk.processing.assignor import MemberState, StandbyAssignor, plan
 
 
 def actives(result: dict[str, object]) -> dict[str, list[int]]:

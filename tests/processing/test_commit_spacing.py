@@ -7,10 +7,10 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from app.kafka.reader import read_committed
-from app.kafka.topics import TopicNames
-from app.protocol import POSITION_PREFIX
-from app.settings import Settings
+from esk.kafka.reader import read_committed
+from esk.kafka.topics import TopicNames
+from esk.protocol import POSITION_PREFIX
+from esk.settings import Settings
 from tests.system import system, wait_for
 
 pytestmark = pytest.mark.kafka

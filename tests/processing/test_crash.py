@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from app.settings import Settings
+from esk.settings import Settings
 from bench import crash
 
 pytestmark = pytest.mark.kafka

@@ -11,10 +11,10 @@ from datetime import timedelta
 
 import pytest
 
-from app.kafka.reader import read_committed
-from app.kafka.topics import TopicNames, ensure_topics, topic_specs
-from app.protocol import aggregate_key, command_key
-from app.settings import Settings
+from esk.kafka.reader import read_committed
+from esk.kafka.topics import TopicNames, ensure_topics, topic_specs
+from esk.protocol import aggregate_key, command_key
+from esk.settings import Settings
 from domain.accounts import accounts
 from domain.orders import orders
 from tests.system import api, processor, with_state_dirs

@@ -9,11 +9,11 @@ from pathlib import Path
 import orjson
 import pytest
 
-from app.kafka.reader import read_committed
-from app.kafka.topics import TopicNames, ensure_topics, topic_specs
-from app.protocol import CommandEnvelope, aggregate_key
-from app.registry import load_registry
-from app.settings import Settings
+from esk.kafka.reader import read_committed
+from esk.kafka.topics import TopicNames, ensure_topics, topic_specs
+from esk.protocol import CommandEnvelope, aggregate_key
+from esk.registry import load_registry
+from esk.settings import Settings
 from bench import crash
 from bench.cluster import Cluster, api_ready, wait_until
 from tests.system import command_record, task_builders

@@ -11,9 +11,9 @@ from collections import defaultdict
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from app.kafka.topics import TopicNames
-from app.protocol import CommandEnvelope, aggregate_key
-from app.settings import Settings
+from esk.kafka.topics import TopicNames
+from esk.protocol import CommandEnvelope, aggregate_key
+from esk.settings import Settings
 from domain.accounts import accounts
 from tests.system import events_topic, read_topic, system, wait_for
 

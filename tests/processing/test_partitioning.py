@@ -10,10 +10,10 @@ from collections import defaultdict
 import orjson
 import pytest
 
-from app.kafka.reader import read_committed
-from app.kafka.topics import TopicNames
-from app.protocol import aggregate_key
-from app.settings import Settings
+from esk.kafka.reader import read_committed
+from esk.kafka.topics import TopicNames
+from esk.protocol import aggregate_key
+from esk.settings import Settings
 from tests.system import events_topic, system
 
 pytestmark = pytest.mark.kafka

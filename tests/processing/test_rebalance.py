@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from app.kafka.topics import ensure_topics, topic_specs
-from app.registry import load_registry
-from app.settings import Settings
+from esk.kafka.topics import ensure_topics, topic_specs
+from esk.registry import load_registry
+from esk.settings import Settings
 from bench.cluster import Cluster, EskProcess, api_ready, wait_until
 from bench.crash import Load, verify
 

@@ -9,11 +9,11 @@ import uuid
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from app.kafka.client_options import client_options
-from app.kafka.reader import read_committed
-from app.kafka.topics import TopicSpec, ensure_topics
-from app.processing.record_collector import MAX_BATCH_BYTES, Output, RecordCollector
-from app.settings import Settings
+from esk.kafka.client_options import client_options
+from esk.kafka.reader import read_committed
+from esk.kafka.topics import TopicSpec, ensure_topics
+from esk.processing.record_collector import MAX_BATCH_BYTES, Output, RecordCollector
+from esk.settings import Settings
 
 pytestmark = pytest.mark.kafka
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from app.settings import Settings
-from app.state.store import RocksDBStore
+from esk.settings import Settings
+from esk.state.store import RocksDBStore
 from tests.system import events_topic, processor, read_topic, system, with_state_dirs
 
 pytestmark = pytest.mark.kafka

@@ -9,10 +9,10 @@ import uuid
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from app.kafka.reader import committed_reader
-from app.kafka.topics import ensure_topics, topic_specs
-from app.registry import load_registry
-from app.settings import Settings
+from esk.kafka.reader import committed_reader
+from esk.kafka.topics import ensure_topics, topic_specs
+from esk.registry import load_registry
+from esk.settings import Settings
 from tests.system import RunningProcessor, api, processor, wait_for, with_state_dirs
 
 pytestmark = pytest.mark.kafka

@@ -13,16 +13,16 @@ from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
-from app.kafka.client_options import client_options
-from app.kafka.reader import read_committed
-from app.kafka.topics import TopicNames, ensure_topics, topic_specs
-from app.metrics import COMMANDS
-from app.processing.processor import Processor
-from app.processing.stream_task import StreamTask
-from app.protocol import CommandEnvelope, StoredAggregate, aggregate_key, position_key
-from app.registry import load_registry
-from app.settings import Settings
-from app.state.store import RocksDBStore
+from esk.kafka.client_options import client_options
+from esk.kafka.reader import read_committed
+from esk.kafka.topics import TopicNames, ensure_topics, topic_specs
+from esk.metrics import COMMANDS
+from esk.processing.processor import Processor
+from esk.processing.stream_task import StreamTask
+from esk.protocol import CommandEnvelope, StoredAggregate, aggregate_key, position_key
+from esk.registry import load_registry
+from esk.settings import Settings
+from esk.state.store import RocksDBStore
 from tests.system import command_record, system, task_builders, wait_for
 
 pytestmark = pytest.mark.kafka

@@ -20,13 +20,15 @@ pyspark = pytest.importorskip("pyspark")
 from aiokafka import AIOKafkaProducer  # noqa: E402
 from pyspark.sql import SparkSession  # noqa: E402
 
-from app.kafka.topics import TopicNames  # noqa: E402
-from app.settings import Settings  # noqa: E402
-from projections.catalog import Tables  # noqa: E402
-from projections.read_models import PROJECTIONS, RECENT_ORDERS  # noqa: E402
-from projections.runner import run  # noqa: E402
-from projections.session import spark_session  # noqa: E402
+from esk.kafka.topics import TopicNames  # noqa: E402
+from esk.settings import Settings  # noqa: E402
+from esk.projections.catalog import Tables  # noqa: E402
+from esk.projections.runner import run  # noqa: E402
+from esk.projections.session import spark_session  # noqa: E402
+from projections.read_models import READ_MODELS, RECENT_ORDERS  # noqa: E402
 from tests.system import events_topic, read_topic, system  # noqa: E402
+
+PROJECTIONS = {p.model.name: p for p in READ_MODELS}
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 

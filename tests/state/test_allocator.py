@@ -6,7 +6,7 @@ import platform
 
 import pytest
 
-from app.state.allocator import return_large_blocks
+from esk.state.allocator import return_large_blocks
 
 glibc = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
 

@@ -1,5 +1,0 @@
-"""The embedded single-node Apache Kafka broker (KRaft) behind `esk broker`."""
-
-from app.broker.embedded import BrokerError, EmbeddedBroker
-
-__all__ = ["BrokerError", "EmbeddedBroker"]

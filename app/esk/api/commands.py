@@ -1,0 +1,236 @@
+"""POST /v1/{type}/{id}/{command}: how one command comes in over HTTP.
+
+`CommandIntake.submit` validates everything the client sent (id, headers, size, media
+type, JSON, payload schema), puts a CommandEnvelope on the commands topic through the
+CommandGateway, then waits on the StateReplica for the command's outcome and turns it
+into a response (`outcome_response`).
+
+Each command is a `CommandEndpoint`, a plain ASGI endpoint, and `CommandRoutes` sends
+its requests there before FastAPI's router and per-request layers see them. Under load
+(bench/http_e2e.py) FastAPI's machinery (request objects, dependency solving, response
+wrappers) cost more CPU than the command's own work; its router and exception layers
+still took about a sixth of the API's py-spy samples, and about 5% of its CPU at 1,000
+commands/s. The API process is what limits HTTP throughput. The endpoints are documented
+in /openapi.json by `http._document_schemas`.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import uuid
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import orjson
+from pydantic import ValidationError
+from starlette.requests import ClientDisconnect
+from starlette.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from .gateway import CommandGateway
+from .problems import Problem
+from .replica import StateReplica
+from ..metrics import HTTP_OUTCOME_TIMEOUTS
+from ..protocol import CommandEnvelope, Outcome, Status
+from ..settings import Settings
+from ..domain.aggregate import ALREADY_EXISTS, NOT_FOUND, AggregateType
+
+log = logging.getLogger(__name__)
+
+_VERSION_TAG = re.compile(r'^(?:W/)?"(\d{1,18})"$')
+MAX_ID = 200
+
+
+def command_url(aggregate_type: AggregateType[Any], name: str) -> str:
+    """The route of a command, as mounted and as documented."""
+    return f"/v1/{aggregate_type.name}/{{id}}/{name}"
+
+
+def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(orjson.dumps(body), status_code=status, headers=headers, media_type="application/json")
+
+
+def etag(version: int) -> dict[str, str]:
+    return {"ETag": f'"{version}"'}
+
+
+def check_id(kind: str, value: str) -> None:
+    if not value or len(value) > MAX_ID or any(ord(c) < 32 for c in value):
+        raise Problem(400, f"invalid_{kind}", f"{kind} must be 1 to {MAX_ID} printable characters")
+
+
+def outcome_response(outcome: Outcome) -> Response:
+    """The HTTP answer to a command's outcome, the same wherever it is asked for."""
+    if outcome.status is Status.ACCEPTED:
+        body = {
+            "command_id": outcome.command_id,
+            "type": outcome.aggregate_type,
+            "id": outcome.aggregate_id,
+            "version": outcome.version,
+            "events": outcome.events,
+        }
+        return json_response(body, 200, etag(outcome.version))
+    extra = {"command_id": outcome.command_id, "current_version": outcome.version}
+    headers = etag(outcome.version) if outcome.version > 0 else {}
+    if outcome.status is Status.PRECONDITION_FAILED:
+        return Problem(412, outcome.code or "precondition_failed", outcome.detail or "", headers, **extra).response()
+    status = {NOT_FOUND: 404, ALREADY_EXISTS: 409}.get(outcome.code or "", 422)
+    return Problem(status, outcome.code or "rejected", outcome.detail or "", headers, **extra).response()
+
+
+class CommandIntake:
+    """Takes commands in for one API instance; remembers the ones still waiting for their
+    outcome, so that GET /v1/commands/{id} can answer 202 for them."""
+
+    def __init__(self, settings: Settings, gateway: CommandGateway, replica: StateReplica) -> None:
+        self.settings = settings
+        self.gateway = gateway
+        self.replica = replica
+        self.pending: set[str] = set()
+
+    async def submit(
+        self, aggregate_type: AggregateType[Any], aggregate_id: str, name: str, headers: Mapping[str, str], receive: Receive
+    ) -> Response:
+        api = self.settings.api
+        check_id("aggregate_id", aggregate_id)
+        payload = await read_json(headers, receive, api.max_body_bytes)
+        try:
+            aggregate_type.parse_command(name, payload)
+        except ValidationError as error:
+            errors = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in error.errors()]
+            raise Problem(422, "invalid_payload", f"the {name} payload is invalid", errors=errors) from None
+        expected_version, expect_new = preconditions(headers)
+        command_id = headers.get("idempotency-key") or uuid.uuid4().hex
+        check_id("idempotency_key", command_id)
+        location = f"/v1/commands/{command_id}"
+
+        # A retry whose outcome is known already is answered without touching Kafka.
+        known = self.replica.outcome(command_id)
+        if known is not None:
+            return outcome_response(known)
+        envelope = CommandEnvelope(
+            command_id=command_id,
+            aggregate_type=aggregate_type.name,
+            aggregate_id=aggregate_id,
+            command=name,
+            payload=payload,
+            expected_version=expected_version,
+            expect_new=expect_new,
+            correlation_id=headers.get("x-correlation-id") or command_id,
+            causation_id=headers.get("x-causation-id"),
+        )
+        try:
+            await self.gateway.submit(envelope)
+        except Exception as error:  # not acknowledged: the client must retry (same Idempotency-Key)
+            log.warning("could not submit command %s: %r", command_id, error)
+            raise Problem(
+                503, "kafka_unavailable", "the command could not be stored; retry with the same Idempotency-Key",
+                {"Retry-After": str(api.retry_after_s)},
+            ) from None
+        if "respond-async" in headers.get("prefer", ""):
+            return json_response(
+                {"command_id": command_id, "status": "pending"},
+                202,
+                {"Location": location, "Preference-Applied": "respond-async"},
+            )
+        self.pending.add(command_id)
+        try:
+            outcome = await self.replica.wait_outcome(command_id, api.outcome_timeout_s)
+        finally:
+            self.pending.discard(command_id)
+        if outcome is None:
+            HTTP_OUTCOME_TIMEOUTS.inc()
+            raise Problem(
+                503, "outcome_pending", "the command is accepted and will be processed; its outcome is not in yet",
+                {"Retry-After": str(api.retry_after_s), "Location": location},
+                command_id=command_id,
+            )
+        return outcome_response(outcome)
+
+
+class CommandEndpoint:
+    """The ASGI endpoint of one command of one aggregate type."""
+
+    def __init__(self, intake: CommandIntake, aggregate_type: AggregateType[Any], name: str) -> None:
+        self.intake = intake
+        self.aggregate_type = aggregate_type
+        self.name = name
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send, aggregate_id: str) -> None:
+        try:
+            response = await self.intake.submit(self.aggregate_type, aggregate_id, self.name, request_headers(scope), receive)
+        except Problem as problem:
+            response = problem.response()
+        except ClientDisconnect:
+            return  # nobody to answer; a command already submitted is processed all the same
+        await response(scope, receive, send)
+
+
+class CommandRoutes:
+    """ASGI middleware: `POST /v1/{type}/{id}/{command}` of a registered command goes to
+    its CommandEndpoint; everything else, unknown commands included, to the wrapped app.
+    The path is matched as Starlette's router would (decoded, `{id}` one segment)."""
+
+    def __init__(self, app: ASGIApp, endpoints: Iterable[CommandEndpoint]) -> None:
+        self.app = app
+        self.endpoints = {(e.aggregate_type.name, e.name): e for e in endpoints}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            parts = scope["path"].split("/")
+            if len(parts) == 5 and parts[0] == "" and parts[1] == "v1" and parts[3]:
+                endpoint = self.endpoints.get((parts[2], parts[4]))
+                if endpoint is not None:
+                    await endpoint(scope, receive, send, parts[3])
+                    return
+        await self.app(scope, receive, send)
+
+
+def request_headers(scope: Scope) -> dict[str, str]:
+    """The request's headers by lower-case name (the first of repeated ones), looked up
+    once: a Starlette `Headers.get` scans the whole list on every call."""
+    return {name.decode("latin-1"): value.decode("latin-1") for name, value in reversed(scope["headers"])}
+
+
+async def read_json(headers: Mapping[str, str], receive: Receive, limit: int) -> dict[str, Any]:
+    length = headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise Problem(413, "body_too_large", f"the body may have at most {limit} bytes")
+    body = bytearray()
+    more = True
+    while more:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect()
+        body += message.get("body", b"")
+        if len(body) > limit:
+            raise Problem(413, "body_too_large", f"the body may have at most {limit} bytes")
+        more = message.get("more_body", False)
+    if not body.strip():
+        return {}
+    media_type = headers.get("content-type", "").split(";")[0].strip().lower()
+    if media_type != "application/json" and not (media_type.startswith("application/") and media_type.endswith("+json")):
+        raise Problem(415, "unsupported_media_type", "send the command as application/json")
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError as error:
+        raise Problem(400, "malformed_json", f"the body is not valid JSON: {error}") from None
+    if not isinstance(payload, dict):
+        raise Problem(422, "invalid_payload", "the body must be a JSON object")
+    return payload
+
+
+def preconditions(headers: Mapping[str, str]) -> tuple[int | None, bool]:
+    """If-Match: "<version>" (optimistic concurrency) and If-None-Match: * (must be new)."""
+    if_match = headers.get("if-match")
+    if_none_match = headers.get("if-none-match")
+    expected: int | None = None
+    if if_match is not None:
+        match = _VERSION_TAG.match(if_match.strip())
+        if match is None:
+            raise Problem(400, "invalid_if_match", 'If-Match must be a version tag such as "3"')
+        expected = int(match.group(1))
+    if if_none_match is not None and if_none_match.strip() != "*":
+        raise Problem(400, "invalid_if_none_match", "only If-None-Match: * is supported (the aggregate must not exist)")
+    return expected, if_none_match is not None

@@ -1,0 +1,274 @@
+"""The `esk` command line."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Optional
+
+import typer
+from rich.console import Console
+
+from .broker import BrokerError, EmbeddedBroker
+from .kafka.topics import ensure_topics, topic_specs
+from .registry import load_registry
+from .settings import Settings
+
+if TYPE_CHECKING:
+    from .projections.catalog import Projection
+
+cli = typer.Typer(no_args_is_help=True, add_completion=False, help="esk: event sourcing and CQRS on Apache Kafka.")
+broker_cli = typer.Typer(no_args_is_help=True, help="The embedded single-node Kafka broker (KRaft).")
+topics_cli = typer.Typer(no_args_is_help=True, help="The application's topics.")
+cli.add_typer(broker_cli, name="broker")
+project_cli = typer.Typer(no_args_is_help=True, help="PySpark projections: read models in Delta Lake.")
+cli.add_typer(topics_cli, name="topics")
+cli.add_typer(project_cli, name="project")
+
+console = Console()
+err = Console(stderr=True)
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """ESK_* variables and .env first; flags that were given override them."""
+    settings = Settings()
+    for dotted, value in overrides.items():
+        if value is None:
+            continue
+        section, _, name = dotted.partition("__")
+        if name:
+            part = getattr(settings, section).model_copy(update={name: value})
+            settings = settings.model_copy(update={section: part})
+        else:
+            settings = settings.model_copy(update={section: value})
+    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("aiokafka", "py4j"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
+    return settings
+
+
+def fail(message: str) -> typer.Exit:
+    err.print(f"[red]error:[/red] {message}", highlight=False)
+    return typer.Exit(code=1)
+
+
+PortOption = Annotated[Optional[int], typer.Option("--port", help="Broker port (ESK_BROKER__PORT).")]
+DataDirOption = Annotated[Optional[Path], typer.Option("--data-dir", help="Broker data directory.")]
+
+
+@broker_cli.command("start")
+def broker_start(port: PortOption = None, data_dir: DataDirOption = None) -> None:
+    """Start the broker (format its storage the first time); return once it answers."""
+    settings = load_settings(broker__port=port, broker__data_dir=data_dir)
+    try:
+        status = EmbeddedBroker(settings.broker).start()
+    except BrokerError as error:
+        raise fail(str(error)) from None
+    console.print(f"broker {status.describe()}")
+
+
+@broker_cli.command("stop")
+def broker_stop(port: PortOption = None, data_dir: DataDirOption = None) -> None:
+    """Stop the broker gracefully; its data stays."""
+    settings = load_settings(broker__port=port, broker__data_dir=data_dir)
+    stopped = EmbeddedBroker(settings.broker).stop()
+    console.print("broker stopped" if stopped else "broker was not running")
+
+
+@broker_cli.command("status")
+def broker_status(port: PortOption = None, data_dir: DataDirOption = None) -> None:
+    """Say whether the broker runs and answers; exit 1 when it does not."""
+    settings = load_settings(broker__port=port, broker__data_dir=data_dir)
+    status = EmbeddedBroker(settings.broker).status()
+    console.print(f"broker {status.describe()}")
+    if not (status.running and status.answering):
+        raise typer.Exit(code=1)
+
+
+@topics_cli.command("init")
+def topics_init(
+    partitions: Annotated[Optional[int], typer.Option(help="Partitions per topic (ESK_TOPICS__PARTITIONS).")] = None,
+) -> None:
+    """Create the application's topics, or check the ones that exist; exit 1 on any mismatch."""
+    settings = load_settings(topics__partitions=partitions)
+    init_topics(settings)
+
+
+def init_topics(settings: Settings) -> None:
+    registry = load_registry(settings.domain)
+    report = asyncio.run(ensure_topics(settings, topic_specs(settings, registry)))
+    for name in report.created:
+        console.print(f"created  {name}")
+    for name in report.ok:
+        console.print(f"ok       {name}")
+    for problem in report.problems:
+        err.print(f"[red]problem[/red]  {problem}", highlight=False)
+    if report.problems:
+        raise fail("topics do not match the settings; fix them (or the settings) and run again")
+
+
+@cli.command("processor")
+def processor() -> None:
+    """Run the processor (production entry point): one task per assigned commands partition."""
+    from .runtime import run_processor
+
+    run_processor(load_settings())
+
+
+@cli.command("api")
+def api(
+    host: Annotated[Optional[str], typer.Option(help="Listen address (ESK_API__HOST).")] = None,
+    port: Annotated[Optional[int], typer.Option(help="Listen port (ESK_API__PORT).")] = None,
+) -> None:
+    """Run the HTTP API (production entry point)."""
+    from .runtime import run_api
+
+    run_api(load_settings(api__host=host, api__port=port))
+
+
+@cli.command("dev")
+def dev() -> None:
+    """Everything on one machine: embedded broker (unless ESK_KAFKA__BOOTSTRAP_SERVERS is set),
+    topics, processor and API. Ctrl-C stops all of it."""
+    from .runtime import run_dev
+
+    settings = load_settings()
+    broker = EmbeddedBroker(settings.broker) if settings.uses_embedded_broker else None
+    started_broker = False
+    if broker is not None:
+        try:
+            started_broker = not broker.status().running
+            console.print(f"broker {broker.start().describe()}")
+        except BrokerError as error:
+            raise fail(str(error)) from None
+    try:
+        init_topics(settings)
+        console.print(
+            f"API on http://{settings.api.host}:{settings.api.port} (docs: /docs); Ctrl-C stops everything",
+            highlight=False,
+        )
+        run_dev(settings)
+    finally:
+        if broker is not None and started_broker:
+            broker.stop()
+            console.print("broker stopped")
+
+
+@project_cli.command("list")
+def project_list() -> None:
+    """The read models, what they read, and the generation readers use."""
+    from rich.table import Table
+
+    from .projections.catalog import Tables
+
+    settings = load_settings()
+    tables = Tables(settings.projections.warehouse_dir)
+    table = Table("name", "reads", "description", "current table")
+    for model in (p.model for p in read_models(settings).values()):
+        path = tables.current_path(model.name)
+        table.add_row(model.name, ", ".join(model.categories), model.description, str(path) if path else "not built yet")
+    console.print(table)
+
+
+@project_cli.command("run")
+def project_run(
+    name: Annotated[str, typer.Argument(help="A read model (see `esk project list`).")],
+    continuous: Annotated[bool, typer.Option("--continuous", help="Keep running after catching up.")] = False,
+    rebuild: Annotated[bool, typer.Option("--rebuild", help="Rebuild from the earliest offsets into a new table; readers switch once it caught up.")] = False,
+) -> None:
+    """Catch the read model up with its event streams (and stop, unless --continuous)."""
+    from .projections.runner import run
+
+    settings = load_settings()
+    projections = read_models(settings)
+    if name not in projections:
+        raise fail(f"no read model {name!r}; `esk project list` shows them")
+    summary = run(settings, projections[name], continuous=continuous, rebuild=rebuild, console=console)
+    console.print(
+        f"{name}: generation {summary.generation}, {summary.batches} batches, {summary.events:,} events, "
+        f"{summary.rows:,} rows merged; lag {sum(summary.lag.values())}",
+        highlight=False,
+    )
+
+
+@cli.command("sql")
+def sql(
+    query: Annotated[str, typer.Argument(help='e.g. "SELECT * FROM customer_recent_orders WHERE customer_id = \'c1\'"')],
+    output: Annotated[str, typer.Option("--format", help="table, csv or json")] = "table",
+    limit: Annotated[int, typer.Option(help="Rows printed at most.")] = 1000,
+) -> None:
+    """Run Spark SQL over the read models; each is a table under its own name."""
+    from .projections.catalog import Tables
+    from .projections.session import spark_session
+
+    settings = load_settings()
+    if output not in ("table", "csv", "json"):
+        raise fail("--format must be table, csv or json")
+    spark = spark_session(settings, "esk-sql")
+    tables = Tables(settings.projections.warehouse_dir)
+    for name in read_models(settings):
+        path = tables.current_path(name)
+        if path is not None:
+            spark.read.format("delta").load(str(path)).createOrReplaceTempView(name)
+    try:
+        frame = spark.sql(query).limit(limit)
+        rows = frame.collect()
+    except Exception as error:  # Spark's analysis errors name the missing table or column
+        raise fail(str(error).splitlines()[0]) from None
+    print_rows(frame.columns, [list(r) for r in rows], output)
+
+
+def read_models(settings: Settings) -> dict[str, Projection]:
+    from .projections.catalog import load_read_models
+
+    try:
+        return load_read_models(settings.read_models)
+    except ImportError as error:
+        raise fail(f"the read models need the spark extra (pip install 'esk[spark]'): {error}") from None
+    except (LookupError, TypeError, ValueError) as error:
+        raise fail(str(error)) from None
+
+
+@cli.command("jars")
+def jars(
+    jar_set: Annotated[str, typer.Argument(help="kafka (the embedded broker) or spark (the read models)")],
+) -> None:
+    """Resolve a set of jars into the cache (from Maven Central, the first time) and print its folder."""
+    from .jars import JarsError, jars_dir
+
+    settings = load_settings()
+    configured = settings.broker.jars_dir if jar_set == "kafka" else settings.projections.jars_dir
+    try:
+        print(jars_dir(jar_set, configured))
+    except JarsError as error:
+        raise fail(str(error)) from None
+
+
+def print_rows(columns: list[str], rows: list[list[Any]], output: str) -> None:
+    import csv
+    import sys
+
+    import orjson
+    from rich.table import Table
+
+    if output == "csv":
+        writer = csv.writer(sys.stdout)
+        writer.writerow(columns)
+        writer.writerows(rows)
+    elif output == "json":
+        for row in rows:
+            sys.stdout.write(orjson.dumps(dict(zip(columns, row)), default=str).decode() + "\n")
+    else:
+        table = Table(*columns)
+        for row in rows:
+            table.add_row(*("" if v is None else str(v) for v in row))
+        console.print(table)
+
+
+def main() -> None:
+    cli()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,148 @@
+"""The topics of an esk application, and `esk topics init`: create them or check them.
+
+Running it twice changes nothing. A topic that exists with the wrong partition count,
+cleanup policy, or replication is reported as a problem, never silently accepted:
+the changelog must be co-partitioned with the commands topic or restores go wrong.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.errors import TopicAlreadyExistsError
+
+from .client_options import client_options
+from ..settings import Settings
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    name: str
+    partitions: int
+    replication_factor: int
+    configs: dict[str, str]
+
+
+@dataclass(frozen=True)
+class TopicNames:
+    """Topic names of one application (`<app>.*`)."""
+
+    app: str
+
+    @property
+    def commands(self) -> str:
+        return f"{self.app}.commands"
+
+    @property
+    def results(self) -> str:
+        return f"{self.app}.results"
+
+    @property
+    def changelog(self) -> str:
+        return f"{self.app}.changelog"
+
+    @property
+    def dlq(self) -> str:
+        return f"{self.app}.dlq"
+
+    def events(self, aggregate_type: str) -> str:
+        return f"{self.app}.{aggregate_type}.events"
+
+
+def topic_specs(settings: Settings, aggregate_types: Iterable[str]) -> list[TopicSpec]:
+    names = TopicNames(settings.app)
+    t = settings.topics
+    common = {"min.insync.replicas": str(t.min_insync_replicas)}
+
+    def spec(name: str, **configs: str) -> TopicSpec:
+        return TopicSpec(name, t.partitions, t.replication_factor, {**common, **configs})
+
+    return [
+        spec(names.commands, **{"cleanup.policy": "delete"}),
+        spec(names.results, **{"cleanup.policy": "delete", "retention.ms": str(t.results_retention_ms)}),
+        spec(names.changelog, **{"cleanup.policy": "compact"}),
+        spec(names.dlq, **{"cleanup.policy": "delete", "retention.ms": str(t.dlq_retention_ms)}),
+        # Events are the source of truth: kept forever.
+        *(spec(names.events(a), **{"cleanup.policy": "delete", "retention.ms": "-1"}) for a in aggregate_types),
+    ]
+
+
+@dataclass
+class TopicReport:
+    created: list[str] = field(default_factory=list)
+    ok: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
+# Checked on existing topics; retention is left to operators once a topic exists.
+_CHECKED_CONFIGS = ("cleanup.policy", "min.insync.replicas")
+
+
+async def ensure_topics(settings: Settings, specs: list[TopicSpec]) -> TopicReport:
+    report = TopicReport()
+    admin = AIOKafkaAdminClient(**client_options(settings))
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        missing = [s for s in specs if s.name not in existing]
+        for s in missing:
+            response = await admin.create_topics(
+                [NewTopic(s.name, s.partitions, s.replication_factor, topic_configs=s.configs)]
+            )
+            for _name, code, *message in response.topic_errors:
+                if code == 0:
+                    report.created.append(s.name)
+                elif code == TopicAlreadyExistsError.errno:  # created meanwhile by another instance
+                    existing.add(s.name)
+                else:
+                    report.problems.append(f"{s.name} could not be created: error {code} {message}")
+        await _wait_until_visible(admin, [s.name for s in specs])
+        await _check(admin, [s for s in specs if s.name in existing], report)
+    finally:
+        await admin.close()
+    return report
+
+
+async def _wait_until_visible(admin: AIOKafkaAdminClient, names: list[str], timeout_s: float = 30.0) -> None:
+    """Topic creation returns before every broker's metadata shows the new partitions."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        described = await admin.describe_topics(names)
+        if all(d["error_code"] == 0 and d["partitions"] for d in described):
+            return
+        if asyncio.get_running_loop().time() > deadline:
+            raise TimeoutError(f"topics not visible in metadata after {timeout_s:.0f}s: {names}")
+        await asyncio.sleep(0.1)
+
+
+async def _check(admin: AIOKafkaAdminClient, specs: list[TopicSpec], report: TopicReport) -> None:
+    described = await admin.describe_topics([s.name for s in specs])
+    by_name = {d["topic"]: d for d in described}
+    configs = await admin.describe_configs(
+        [ConfigResource(ConfigResourceType.TOPIC, s.name) for s in specs]
+    )
+    actual_configs: dict[str, dict[str, str]] = {}
+    for response in configs:
+        for resource in response.resources:
+            _error, _message, _type, name, entries = resource[:5]
+            actual_configs[name] = {entry[0]: entry[1] for entry in entries}
+    for s in specs:
+        problems: list[str] = []
+        partitions = by_name[s.name]["partitions"]
+        if len(partitions) != s.partitions:
+            problems.append(f"has {len(partitions)} partitions, expected {s.partitions}")
+        replicas = {len(p["replicas"]) for p in partitions}
+        if replicas and replicas != {s.replication_factor}:
+            problems.append(f"has replication factor {sorted(replicas)}, expected {s.replication_factor}")
+        for key in _CHECKED_CONFIGS:
+            want, have = s.configs.get(key), actual_configs.get(s.name, {}).get(key)
+            if want is not None and have != want:
+                problems.append(f"has {key}={have}, expected {want}")
+        if problems:
+            report.problems.append(f"{s.name} " + "; ".join(problems))
+        else:
+            report.ok.append(s.name)

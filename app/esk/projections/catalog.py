@@ -1,0 +1,111 @@
+"""What a read model is, which ones the application has, and where their Delta tables
+live. Imports no Spark, so the HTTP API and `import esk` do without it.
+
+A read model is declared in the user's own code as a `Projection` (its `ReadModel`, the
+table's columns, and how one batch of events merges in) and registered by the setting
+`ESK_READ_MODELS` ("module:attribute" naming a list of them).
+
+A table has generations: `<warehouse>/<name>/g<N>`, and the file `<warehouse>/<name>/CURRENT`
+names the one readers use. `--rebuild` builds generation N+1 from the earliest offsets and
+only then replaces CURRENT (atomically), so a reader never sees a half-built read model.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..registry import load_object
+
+if TYPE_CHECKING:
+    from delta.tables import DeltaTable
+    from pyspark.sql import DataFrame, SparkSession
+
+    from ..registry import Registry
+
+
+@dataclass(frozen=True)
+class ReadModel:
+    name: str
+    categories: tuple[str, ...]  # aggregate types whose event streams it reads
+    description: str
+    order_by: tuple[str, ...] = ()  # how readers get rows ("-col" = descending)
+    partition_by: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class BatchWriter:
+    """Idempotent writes of one micro-batch; `step` tells apart several writes of a batch.
+
+    Delta skips a write whose (txnAppId, txnVersion) it has committed already, so a batch
+    that Spark runs again after a crash writes nothing twice."""
+
+    spark: SparkSession
+    app_id: str
+    batch_id: int
+
+    def run(self, step: str, write: Callable[[], None]) -> None:
+        conf = self.spark.conf
+        conf.set("spark.databricks.delta.write.txnAppId", f"{self.app_id}.{step}")
+        conf.set("spark.databricks.delta.write.txnVersion", str(self.batch_id))
+        try:
+            write()
+        finally:
+            conf.unset("spark.databricks.delta.write.txnAppId")
+            conf.unset("spark.databricks.delta.write.txnVersion")
+
+
+@dataclass(frozen=True)
+class Projection:
+    """A read model's Spark logic: the table's columns, and how one batch of events merges in."""
+
+    model: ReadModel
+    columns: str  # DDL, e.g. "account_id STRING, balance BIGINT"
+    # (spark, table, events, aggregate types, writer) -> rows written
+    apply: Callable[[SparkSession, DeltaTable, DataFrame, Registry, BatchWriter], int]
+
+
+def load_read_models(spec: str) -> dict[str, Projection]:
+    """The read models `spec` ("module:attribute") names, by name."""
+    found: dict[str, Projection] = {}
+    for projection in load_object(spec, "ESK_READ_MODELS"):
+        if not isinstance(projection, Projection):
+            raise TypeError(f"{spec} holds {projection!r}, not a Projection")
+        if projection.model.name in found:
+            raise ValueError(f"read model {projection.model.name!r} is registered twice")
+        found[projection.model.name] = projection
+    return found
+
+
+class Tables:
+    def __init__(self, warehouse: Path) -> None:
+        self.warehouse = Path(warehouse)
+
+    def current_generation(self, name: str) -> int | None:
+        try:
+            return int((self.warehouse / name / "CURRENT").read_text().strip().lstrip("g"))
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def path(self, name: str, generation: int) -> Path:
+        return self.warehouse / name / f"g{generation}"
+
+    def current_path(self, name: str) -> Path | None:
+        generation = self.current_generation(name)
+        return None if generation is None else self.path(name, generation)
+
+    def checkpoint(self, name: str, generation: int) -> Path:
+        return self.warehouse / "_checkpoints" / name / f"g{generation}"
+
+    def switch(self, name: str, generation: int) -> None:
+        """Point readers at `generation`: a rename, so they see the old or the new, never neither."""
+        pointer = self.warehouse / name / "CURRENT"
+        pointer.parent.mkdir(parents=True, exist_ok=True)
+        staged = pointer.with_suffix(".next")
+        staged.write_text(f"g{generation}\n")
+        os.replace(staged, pointer)
+
+

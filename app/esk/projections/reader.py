@@ -1,0 +1,85 @@
+"""Reads the current generation of a read model with delta-rs: no JVM, fit for the HTTP API."""
+
+from __future__ import annotations
+
+from datetime import date, datetime
+from typing import Any
+
+from ..settings import Settings
+from .catalog import ReadModel, Tables, load_read_models
+
+
+class ReadModelNotFound(LookupError):
+    pass
+
+
+class ReadModelNotBuilt(LookupError):
+    pass
+
+
+class BadFilter(ValueError):
+    pass
+
+
+class ReadModelRows:
+    """The rows of the application's read models; the read models are looked up on first use."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.tables = Tables(settings.projections.warehouse_dir)
+        self._models: dict[str, ReadModel] | None = None
+
+    def model(self, name: str) -> ReadModel:
+        if self._models is None:
+            self._models = {n: p.model for n, p in load_read_models(self.settings.read_models).items()}
+        try:
+            return self._models[name]
+        except KeyError:
+            raise ReadModelNotFound(name) from None
+
+    def read(self, name: str, filters: dict[str, str], limit: int) -> list[dict[str, Any]]:
+        return read_rows(self.tables, self.model(name), filters, limit)
+
+
+def read_rows(tables: Tables, model: ReadModel, filters: dict[str, str], limit: int) -> list[dict[str, Any]]:
+    """Rows of `model` where each column equals the given value (converted to the column's
+    type), in the read model's order, at most `limit`."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from deltalake import DeltaTable
+
+    name = model.name
+    path = tables.current_path(name)
+    if path is None:
+        raise ReadModelNotBuilt(name)
+    dataset = DeltaTable(str(path)).to_pyarrow_dataset()
+    condition = None
+    for column, raw in filters.items():
+        if column not in dataset.schema.names:
+            raise BadFilter(f"{name} has no column {column!r}; columns: {', '.join(dataset.schema.names)}")
+        value = _convert(raw, dataset.schema.field(column).type, pa)
+        term = pc.field(column) == value
+        condition = term if condition is None else condition & term
+    table = dataset.to_table(filter=condition)
+    if model.order_by:
+        table = table.sort_by([(c.lstrip("-"), "descending" if c.startswith("-") else "ascending") for c in model.order_by])
+    return [_jsonable(row) for row in table.slice(0, limit).to_pylist()]
+
+
+def _convert(raw: str, arrow_type: Any, pa: Any) -> Any:
+    try:
+        if pa.types.is_integer(arrow_type):
+            return int(raw)
+        if pa.types.is_floating(arrow_type):
+            return float(raw)
+        if pa.types.is_date(arrow_type):
+            return date.fromisoformat(raw)
+        if pa.types.is_timestamp(arrow_type):
+            return datetime.fromisoformat(raw)
+    except ValueError:
+        raise BadFilter(f"{raw!r} is not a valid {arrow_type}") from None
+    return raw
+
+
+def _jsonable(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: v.isoformat() if isinstance(v, (date, datetime)) else v for k, v in row.items()}

@@ -1,0 +1,62 @@
+"""The SparkSession of esk's jobs: local mode by default, Delta Lake and Spark's Kafka source
+from jars resolved by Maven into esk's jar cache (esk.jars), never fetched by Spark at job start."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+import pyspark
+from pyspark.sql import SparkSession
+
+from ..jars import jars_dir
+from ..settings import Settings
+
+_VERSIONED = re.compile(r"^(?P<artifact>.+?)-\d[\w.\-]*\.jar$")
+
+
+def extra_jars(configured: Path | None) -> list[Path]:
+    """The resolved jars pyspark does not ship itself (a second copy of a jar that Spark
+    already has only invites classpath conflicts)."""
+    folder = jars_dir("spark", configured)
+    shipped = {_artifact(p.name) for p in (Path(pyspark.__file__).parent / "jars").glob("*.jar")}
+    jars = [p for p in sorted(folder.glob("*.jar")) if _artifact(p.name) not in shipped]
+    if not any(p.name.startswith("delta-spark") for p in jars):
+        raise RuntimeError(f"Delta and Kafka jars not found in {folder}: set ESK_PROJECTIONS__JARS_DIR to a folder that has them")
+    return jars
+
+
+def _artifact(filename: str) -> str:
+    match = _VERSIONED.match(filename)
+    return match.group("artifact") if match else filename
+
+
+def spark_session(settings: Settings, app_name: str = "esk") -> SparkSession:
+    p = settings.projections
+    builder = (
+        SparkSession.builder.appName(app_name)
+        .config("spark.jars", ",".join(str(j) for j in extra_jars(p.jars_dir)))
+        .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
+        .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
+        .config("spark.sql.shuffle.partitions", str(p.shuffle_partitions))
+        .config("spark.driver.memory", p.driver_memory)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.streaming.stopGracefullyOnShutdown", "true")
+    )
+    if not _submitted():
+        # Local mode: the Python workers run the domain's upcasters, so they use this
+        # interpreter (and its packages), not whatever `python3` is first on PATH.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        builder = builder.master(p.spark_master).config("spark.pyspark.python", sys.executable)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark
+
+
+def _submitted() -> bool:
+    """Under spark-submit the master comes from the command line, not from esk's settings."""
+    return "SPARK_SUBMIT_OPTS" in os.environ or os.environ.get("ESK_SPARK_SUBMITTED") == "1"

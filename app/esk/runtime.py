@@ -1,0 +1,114 @@
+"""Process entry points behind `esk processor`, `esk api` and `esk dev`."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from prometheus_client import start_http_server
+from rich.progress import BarColumn, Progress, TaskID, TextColumn
+
+from .processing.processor import Processor
+from .registry import load_registry
+from .settings import Settings
+from .state.allocator import return_large_blocks
+from .state.restore import RestoreProgress
+
+log = logging.getLogger(__name__)
+
+
+def run_processor(settings: Settings) -> None:
+    return_large_blocks()
+    registry = load_registry(settings.domain)
+    if settings.processor.metrics_port is not None:
+        start_http_server(settings.processor.metrics_port, settings.processor.metrics_host)
+    with Progress(
+        TextColumn("restoring {task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed:,.0f}/{task.total:,.0f} records  {task.fields[rate]:,.0f}/s"),
+        transient=False,
+    ) as bars:
+        shown: dict[int, TaskID] = {}
+
+        def show(progress: RestoreProgress) -> None:
+            if progress.total == 0:
+                return
+            if progress.partition not in shown:
+                shown[progress.partition] = bars.add_task(
+                    f"partition {progress.partition}", total=progress.total, rate=0.0
+                )
+            bars.update(shown[progress.partition], completed=progress.restored, rate=progress.rate)
+
+        processor = Processor(settings, registry, on_restore_progress=show)
+        _freeze_startup_objects()
+        asyncio.run(_until_signalled(processor.run))
+
+
+async def _until_signalled(main) -> None:  # type: ignore[no-untyped-def]
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await main(stop)
+
+
+def _freeze_startup_objects() -> None:
+    """Leave what was made at startup (modules, pydantic schemas, the clients' classes:
+    some 40,000 objects that live as long as the process) out of every later garbage
+    collection, which kept walking them all. W1 probes, same broker, with and without:
+    97 -> 81 us of processor CPU per command over 300,000 commands, 100 -> 94 over a
+    million; resident memory the same."""
+    gc.collect()
+    gc.freeze()
+
+
+def run_api(settings: Settings) -> None:
+    # Imported here: FastAPI and uvicorn are a third of a second of a processor's start
+    # (W3's time to ready) that it has no use for.
+    import uvicorn
+
+    from .api.http import create_app
+
+    return_large_blocks()
+    registry = load_registry(settings.domain)
+    app = create_app(settings, registry)
+    _freeze_startup_objects()
+    uvicorn.run(
+        app,
+        host=settings.api.host,
+        port=settings.api.port,
+        log_level=settings.log_level.lower(),
+        access_log=False,
+        timeout_graceful_shutdown=10,
+    )
+
+
+def run_dev(settings: Settings) -> None:
+    """API and processor as two child processes (as in production); Ctrl-C stops both."""
+    esk = [sys.executable, "-m", "esk"]
+    env = {**os.environ, "ESK_KAFKA__BOOTSTRAP_SERVERS": settings.bootstrap_servers}
+    children = [
+        subprocess.Popen([*esk, "processor"], env=env),
+        subprocess.Popen([*esk, "api"], env=env),
+    ]
+    try:
+        while all(child.poll() is None for child in children):
+            time.sleep(0.5)
+        log.error("a child process exited; stopping the others")
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
+        for child in children:
+            try:
+                child.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                child.kill()

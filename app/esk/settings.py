@@ -1,0 +1,147 @@
+"""One typed settings object for every esk process.
+
+Values come from ESK_* environment variables and a `.env` file; CLI flags override both.
+Kafka client security options are passed through untouched (see `kafka.client_options`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+# Everything esk keeps on disk lives under the directory it runs in, never under the
+# installed package: an esk installed from a wheel works from any project directory.
+DATA_ROOT = Path(".esk")
+
+
+class KafkaSettings(BaseModel):
+    """How every esk client reaches Kafka.
+
+    `bootstrap_servers=None` means: use the embedded broker on `broker.host:broker.port`.
+    """
+
+    bootstrap_servers: str | None = None
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    ssl_cafile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    ssl_password: str | None = None
+    ssl_check_hostname: bool = True
+    sasl_mechanism: str | None = None
+    sasl_plain_username: str | None = None
+    sasl_plain_password: str | None = None
+    sasl_kerberos_service_name: str | None = None
+    sasl_kerberos_domain_name: str | None = None
+    request_timeout_ms: int = 30_000
+    # Anything else an aiokafka client accepts, e.g. {"connections_max_idle_ms": 540000}.
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+
+class BrokerSettings(BaseModel):
+    """The embedded single-node KRaft broker run by `esk broker`."""
+
+    host: str = "127.0.0.1"
+    port: int = 9092
+    controller_port: int | None = None  # default: port + 1
+    data_dir: Path = DATA_ROOT / "broker"
+    jars_dir: Path | None = None  # default: resolved from Maven Central into the jar cache
+    java: str = "java"
+    heap: str = "512m"
+    start_timeout_s: float = 90.0
+
+
+class TopicSettings(BaseModel):
+    partitions: int = 6
+    replication_factor: int = 1
+    min_insync_replicas: int = 1
+    # Results and DLQ records are only needed for a while; events and the changelog are kept.
+    results_retention_ms: int = 7 * 24 * 3600 * 1000
+    dlq_retention_ms: int = 30 * 24 * 3600 * 1000
+
+
+class ProcessorSettings(BaseModel):
+    state_dir: Path = DATA_ROOT / "state" / "processor"
+    group_id: str | None = None  # default: "<app>.processor"
+    batch_max_records: int = 1000
+    commit_interval_ms: int = 100
+    # The least time from the start of one transaction of a task to the start of its next.
+    # A task that was idle commits at once; under load its commands gather into fewer,
+    # larger transactions, and most of what a transaction costs the broker is per transaction.
+    commit_spacing_ms: int = 25
+    # Every transaction records its task's input position in the changelog; the consumer
+    # group's committed offsets (what lag monitoring reads) follow at most this far behind.
+    group_offset_interval_ms: int = 1000
+    dedup_window_s: int = 7 * 24 * 3600
+    # How often each task deletes what expired (aggregate retention, de-duplication window).
+    expiry_interval_s: float = 10.0
+    expiry_batch: int = 1000
+    memory_budget_mb: int = 256
+    # Warm copies of each partition kept by other processors (following the changelog),
+    # so that a failover replays only the tail. Needs at least 1 + N processors to matter.
+    standby_replicas: int = 0
+    transaction_timeout_ms: int = 60_000
+    session_timeout_ms: int = 10_000
+    max_poll_interval_ms: int = 300_000
+    # Prometheus metrics of `esk processor` (None: no metrics server).
+    metrics_port: int | None = 9464
+    metrics_host: str = "127.0.0.1"
+
+
+class ApiSettings(BaseModel):
+    host: str = "127.0.0.1"
+    port: int = 8000
+    state_dir: Path = DATA_ROOT / "state" / "api"
+    outcome_timeout_s: float = 10.0
+    min_version_timeout_s: float = 5.0
+    max_body_bytes: int = 64 * 1024
+    retry_after_s: int = 1
+    # Bearer tokens allowed to call the API; empty = auth off.
+    auth_tokens: list[str] = Field(default_factory=list)
+
+
+class ProjectionSettings(BaseModel):
+    """PySpark projections: local mode by default; a cluster through spark-submit."""
+
+    warehouse_dir: Path = DATA_ROOT / "warehouse"
+    jars_dir: Path | None = None  # default: resolved from Maven Central into the jar cache
+    spark_master: str = "local[2]"
+    driver_memory: str = "1g"
+    shuffle_partitions: int = 4
+    trigger_interval_s: float = 5.0
+    max_offsets_per_trigger: int | None = None
+    # Rows the HTTP API returns at most per projection query.
+    api_row_limit: int = 1000
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="ESK_",
+        env_nested_delimiter="__",
+        env_file=".env",
+        extra="ignore",
+    )
+
+    app: str = "esk"
+    # Where the user's aggregate types live: "module:attribute" naming a list of
+    # AggregateType, imported from the directory esk runs in.
+    domain: str = "domain:AGGREGATES"
+    # Where the user's read models live ("module:attribute" naming a list of Projection).
+    read_models: str = "projections:READ_MODELS"
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    broker: BrokerSettings = Field(default_factory=BrokerSettings)
+    topics: TopicSettings = Field(default_factory=TopicSettings)
+    processor: ProcessorSettings = Field(default_factory=ProcessorSettings)
+    api: ApiSettings = Field(default_factory=ApiSettings)
+    projections: ProjectionSettings = Field(default_factory=ProjectionSettings)
+    log_level: str = "INFO"
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return self.kafka.bootstrap_servers or f"{self.broker.host}:{self.broker.port}"
+
+    @property
+    def uses_embedded_broker(self) -> bool:
+        return self.kafka.bootstrap_servers is None

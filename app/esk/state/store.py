@@ -1,0 +1,128 @@
+"""A key-value state store that remembers which changelog offsets its data reflects.
+
+Data and the changelog offsets are written in ONE atomic batch, so after any crash the
+store is a consistent snapshot of the changelog up to the offsets it records; restoring
+resumes exactly there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import struct
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+from rocksdict import Rdict, WriteBatch
+
+from .resources import StoreResources
+
+log = logging.getLogger(__name__)
+
+_OFFSET_PREFIX = b"changelog-offset/"
+_META_CF = "meta"
+
+
+class StateStore(ABC):
+    @abstractmethod
+    def get(self, key: bytes) -> bytes | None: ...
+
+    @abstractmethod
+    def get_many(self, keys: list[bytes]) -> dict[bytes, bytes | None]:
+        """The values of `keys` (None where absent), read in one call."""
+
+    @abstractmethod
+    def changelog_offsets(self) -> dict[int, int]:
+        """changelog partition -> next offset to apply."""
+
+    @abstractmethod
+    def write(self, updates: Mapping[bytes, bytes | None], offsets: Mapping[int, int]) -> None:
+        """Apply puts (bytes) and deletes (None) and record the offsets, atomically."""
+
+    @abstractmethod
+    def scan(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """Entries with start <= key < end, in key order."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+
+class RocksDBStore(StateStore):
+    def __init__(self, path: Path, resources: StoreResources) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        options = resources.options()
+        try:
+            self._db: Rdict | None = Rdict(str(path), options, column_families={_META_CF: options})
+        except Exception as error:  # noqa: BLE001 - rocksdict raises plain Exception
+            if "lock" in str(error).lower():
+                raise  # another live task owns it: never wipe a store in use
+            # A corrupt store is rebuilt from the changelog rather than trusted or left blocking.
+            log.warning("state store %s cannot be opened (%s); wiping it to restore from the changelog", path, error)
+            shutil.rmtree(path, ignore_errors=True)
+            self._db = Rdict(str(path), options, column_families={_META_CF: options})
+        self._meta: Rdict | None = self._db.get_column_family(_META_CF)
+        self._meta_handle = self._db.get_column_family_handle(_META_CF)
+
+    def get(self, key: bytes) -> bytes | None:
+        assert self._db is not None
+        return self._db.get(key)  # type: ignore[no-any-return]
+
+    def get_many(self, keys: list[bytes]) -> dict[bytes, bytes | None]:
+        assert self._db is not None
+        return dict(zip(keys, self._db.get(keys))) if keys else {}
+
+    def changelog_offsets(self) -> dict[int, int]:
+        assert self._meta is not None
+        offsets: dict[int, int] = {}
+        for key, value in self._meta.items(from_key=_OFFSET_PREFIX):
+            if not key.startswith(_OFFSET_PREFIX):
+                break
+            offsets[int(key[len(_OFFSET_PREFIX):])] = struct.unpack(">q", value)[0]
+        return offsets
+
+    def write(self, updates: Mapping[bytes, bytes | None], offsets: Mapping[int, int]) -> None:
+        assert self._db is not None
+        batch = WriteBatch(raw_mode=True)
+        for key, value in updates.items():
+            if value is None:
+                batch.delete(key)
+            else:
+                batch.put(key, value)
+        for partition, offset in offsets.items():
+            batch.put(_OFFSET_PREFIX + str(partition).encode(), struct.pack(">q", offset), self._meta_handle)
+        self._db.write(batch)
+
+    def scan(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:
+        assert self._db is not None
+        for key, value in self._db.items(from_key=start):
+            if key >= end:
+                return
+            yield key, value
+
+    def close(self) -> None:
+        # Every handle holds the DB open; drop them all so the directory lock is released.
+        if self._meta is not None:
+            self._meta.close()
+        if self._db is not None:
+            self._db.close()
+        self._meta = self._db = self._meta_handle = None  # type: ignore[assignment]
+
+    @staticmethod
+    def destroy(path: Path) -> None:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+async def open_store(path: Path, resources: StoreResources) -> RocksDBStore:
+    """Open a store, waiting while another task of this process still closes it (a
+    partition that moves between a standby and an active task, or away and back)."""
+    for attempt in range(50):
+        try:
+            return RocksDBStore(path, resources)
+        except Exception as error:  # noqa: BLE001 - rocksdict raises plain Exception
+            if "lock" not in str(error).lower() or attempt == 49:
+                raise
+            await asyncio.sleep(0.1)
+    raise AssertionError("unreachable")
