@@ -13,8 +13,8 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from esk.broker import EmbeddedBroker
 from esk.kafka.client_options import client_options
 from esk.kafka.metadata import topic_partitions
-from esk.kafka.transactions import transactional_producer
-from esk.processing.record_collector import MAX_BATCH_BYTES, Output, RecordCollector
+from esk.processing.record_collector import Output
+from esk.processing.streams_producer import StreamsProducer
 from esk.settings import Settings
 
 # What one command writes, as the W1 targets count it: "about three". W1's commands write 3.7
@@ -48,18 +48,15 @@ async def aiokafka_consume(settings: Settings, topic: str, expected: int) -> flo
 
 
 async def aiokafka_transactional_produce(settings: Settings, topic: str, records: list[tuple[bytes, bytes]]) -> float:
-    """The records sent the way the processor sends its outputs: record batches through
-    RecordCollector, one transaction per `records_per_transaction`. Returns seconds."""
-    producer = transactional_producer(settings, f"{topic}-ceiling", MAX_BATCH_BYTES)
+    """The records sent the way the processor sends its outputs (its StreamsProducer), one
+    transaction per `records_per_transaction`. Returns seconds."""
+    producer = StreamsProducer(settings, f"{topic}-ceiling", f"{topic}-ceiling")
     await producer.start()
     try:
-        collector = RecordCollector(producer)
         per_transaction = records_per_transaction(settings)
         started = time.perf_counter()
         for start in range(0, len(records), per_transaction):
-            await producer.begin_transaction()
-            await collector.send([Output(topic, key, value) for key, value in records[start:start + per_transaction]])
-            await producer.commit_transaction()
+            await producer.commit([Output(topic, key, value) for key, value in records[start:start + per_transaction]], None, "")
         return time.perf_counter() - started
     finally:
         await producer.stop()

@@ -16,7 +16,7 @@ from pathlib import Path
 from aiokafka.structs import ConsumerRecord
 
 from esk.kafka.topics import TopicNames
-from esk.processing.stream_task import Batch, StreamTask
+from esk.processing.stream_task import StreamTask
 from esk.registry import load_registry
 from esk.settings import Settings
 from esk.state.resources import StoreResources
@@ -24,7 +24,7 @@ from esk.state.store import RocksDBStore
 from bench.results import console
 from bench.workload import accounts_commands, command_records
 
-CHUNK = 64  # what the processor hands StreamTask.process at a time (processor.YIELD_EVERY)
+CHUNK = 64  # what the processor hands StreamTask.process at a time (task_manager.YIELD_EVERY)
 BATCH = 1000  # commands between store writes, as batch_max_records
 
 
@@ -32,10 +32,7 @@ def microseconds_per_command(commands: int, accounts: int, budget_mb: int) -> fl
     settings = Settings(_env_file=None)
     topics = TopicNames("handling")
     store = RocksDBStore(Path(tempfile.mkdtemp(prefix="esk-handling-")) / "store", StoreResources(budget_mb))
-    task = StreamTask(
-        0, topics, load_registry(settings.domain), store, None, "handling", 0, None,  # type: ignore[arg-type]
-        dedup_window_ms=3_600_000, group_offset_interval_s=1.0,
-    )
+    task = StreamTask(0, topics, load_registry(settings.domain), store, 0, dedup_window_ms=3_600_000)
     records = [
         ConsumerRecord(topics.commands, 0, offset, 0, 0, key, value, None, len(key), len(value), ())
         for offset, (key, value) in enumerate(command_records(accounts_commands(commands, accounts, seed=42)))
@@ -45,9 +42,8 @@ def microseconds_per_command(commands: int, accounts: int, budget_mb: int) -> fl
     for start in range(0, len(records), BATCH):
         for chunk in range(start, min(start + BATCH, len(records)), CHUNK):
             task.process(records[chunk:min(chunk + CHUNK, start + BATCH)])
-        # what a commit does to the store once its transaction is in, without the transaction
-        store.write(task._open.writes, {})
-        task._open = Batch(task.next_offset)
+        # what a commit does to the task and its store, without the transaction
+        task.committed(task.seal(), {})
     elapsed = time.perf_counter() - started
     store.close()
     return elapsed / len(records) * 1e6

@@ -22,6 +22,11 @@ def _version(package: str) -> str:
         return "not installed"
 
 
+# Where the hand-kept part of benchmarks.md begins: the probes behind design choices, which
+# a full run does not repeat, survive each `make bench`.
+PROBES_HEADING = "## Probes behind design choices"
+
+
 def write(report: Report, ratios: list[tuple[str, float | None, str]], docs: Path) -> None:
     chart = docs / "benchmarks.png"
     _chart(report, chart)
@@ -68,7 +73,9 @@ def write(report: Report, ratios: list[tuple[str, float | None, str]], docs: Pat
         f"![rates]({chart.name})",
         "",
     ]
-    (docs / "benchmarks.md").write_text("\n".join(lines))
+    target = docs / "benchmarks.md"
+    kept = target.read_text().partition(PROBES_HEADING)[2] if target.exists() else ""
+    target.write_text("\n".join(lines) + (f"\n{PROBES_HEADING}{kept}" if kept else ""))
 
 
 def _chart(report: Report, path: Path) -> None:

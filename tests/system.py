@@ -137,18 +137,18 @@ def command_record(topic: str, offset: int, envelope: CommandEnvelope, partition
 @asynccontextmanager
 async def task_builders(settings: Settings, registry: Registry, *names: str) -> AsyncIterator[list[Processor]]:
     """Processors that are not running, one per name (own state directories), each with a
-    consumer in the group but no subscription: for building StreamTasks by hand
-    (`_build_task`) and driving them record by record."""
+    consumer in the group but no subscription: for building partitions by hand
+    (`task_manager.build`) and driving their tasks record by record."""
     processors = [Processor(with_state_dirs(settings, name), registry) for name in names]
+    consumers = [AIOKafkaConsumer(**client_options(settings), group_id=p.group_id, enable_auto_commit=False) for p in processors]
     try:
-        for p in processors:
-            p._consumer = AIOKafkaConsumer(**client_options(settings), group_id=p.group_id, enable_auto_commit=False)
-            await p._consumer.start()
+        for processor, consumer in zip(processors, consumers):
+            processor.task_manager.consumer = consumer
+            await consumer.start()
         yield processors
     finally:
-        for p in processors:
-            if p._consumer is not None:
-                await p._consumer.stop()
+        for consumer in consumers:
+            await consumer.stop()
 
 
 async def read_topic(settings: Settings, topic: str, decode: bool = True) -> list[Any]:

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from .broker import BrokerError, EmbeddedBroker
 from .kafka.topics import ensure_topics, topic_specs
-from .registry import load_registry
+from .registry import Registry, load_registry
 from .settings import Settings
 
 if TYPE_CHECKING:
@@ -49,8 +51,21 @@ def load_settings(**overrides: Any) -> Settings:
 
 
 def fail(message: str) -> typer.Exit:
-    err.print(f"[red]error:[/red] {message}", highlight=False)
+    # One line whatever the width: rich would otherwise wrap at 80 columns when stderr is
+    # not a terminal (CI, a log file). Escaped: a message may hold brackets, e.g. a path.
+    err.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
     return typer.Exit(code=1)
+
+
+def domain_registry(settings: Settings) -> Registry:
+    """The user's aggregate types (ESK_DOMAIN), or a one-line error instead of a traceback
+    when they cannot be found: the usual first mistake of a new project."""
+    try:
+        return load_registry(settings.domain)
+    except LookupError as error:  # its message names the setting and what to do
+        raise fail(str(error)) from None
+    except ImportError as error:  # the module exists, but something it imports does not
+        raise fail(f"ESK_DOMAIN={settings.domain}: {error}") from None
 
 
 PortOption = Annotated[Optional[int], typer.Option("--port", help="Broker port (ESK_BROKER__PORT).")]
@@ -96,7 +111,7 @@ def topics_init(
 
 
 def init_topics(settings: Settings) -> None:
-    registry = load_registry(settings.domain)
+    registry = domain_registry(settings)
     report = asyncio.run(ensure_topics(settings, topic_specs(settings, registry)))
     for name in report.created:
         console.print(f"created  {name}")
@@ -113,7 +128,9 @@ def processor() -> None:
     """Run the processor (production entry point): one task per assigned commands partition."""
     from .runtime import run_processor
 
-    run_processor(load_settings())
+    settings = load_settings()
+    domain_registry(settings)  # fails in one line here; the runtime loads it again (cached)
+    run_processor(settings)
 
 
 @cli.command("api")
@@ -124,16 +141,22 @@ def api(
     """Run the HTTP API (production entry point)."""
     from .runtime import run_api
 
-    run_api(load_settings(api__host=host, api__port=port))
+    settings = load_settings(api__host=host, api__port=port)
+    domain_registry(settings)  # fails in one line here; the runtime loads it again (cached)
+    run_api(settings)
 
 
 @cli.command("dev")
 def dev() -> None:
     """Everything on one machine: embedded broker (unless ESK_KAFKA__BOOTSTRAP_SERVERS is set),
-    topics, processor and API. Ctrl-C stops all of it."""
+    topics, processor and API. Ctrl-C (or SIGTERM) stops all of it."""
     from .runtime import run_dev
 
+    # SIGTERM (docker stop, systemd, a supervisor) stops everything as Ctrl-C does; by
+    # default it would end this process alone and leave the processor and API running.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     settings = load_settings()
+    domain_registry(settings)  # before the broker starts: a wrong ESK_DOMAIN costs no broker start
     broker = EmbeddedBroker(settings.broker) if settings.uses_embedded_broker else None
     started_broker = False
     if broker is not None:

@@ -60,10 +60,8 @@ async def _until_signalled(main) -> None:  # type: ignore[no-untyped-def]
 
 def _freeze_startup_objects() -> None:
     """Leave what was made at startup (modules, pydantic schemas, the clients' classes:
-    some 40,000 objects that live as long as the process) out of every later garbage
-    collection, which kept walking them all. W1 probes, same broker, with and without:
-    97 -> 81 us of processor CPU per command over 300,000 commands, 100 -> 94 over a
-    million; resident memory the same."""
+    tens of thousands of objects that live as long as the process) out of every later
+    garbage collection, which kept walking them all (docs/benchmarks.md, probes)."""
     gc.collect()
     gc.freeze()
 

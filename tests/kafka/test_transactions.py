@@ -1,22 +1,62 @@
-"""The transactional producer as esk configures it (no broker: nothing is sent)."""
+"""StreamsProducer against the real broker: a commit in numbered steps, and a failed one
+aborted at once (not left open until the transaction times out)."""
 
 from __future__ import annotations
 
-import aiokafka.producer.sender
+import pytest
+from aiokafka import TopicPartition
+from aiokafka.errors import KafkaError
 
-from esk.kafka.transactions import CONCURRENT_TRANSACTIONS_RETRY_S, transactional_producer
+from esk.kafka.reader import committed_reader, read_committed
+from esk.kafka.topics import TopicSpec, ensure_topics
+from esk.processing.record_collector import Output
+from esk.processing.streams_producer import StreamsProducer
 from esk.settings import Settings
 
+pytestmark = pytest.mark.kafka
 
-async def test_the_producer_is_transactional_and_retries_concurrent_transactions_sooner() -> None:
-    settings = Settings(_env_file=None)
-    producer = transactional_producer(settings, "esk-test.3", 4096, client_id="esk-test-3")
+
+async def _topic(settings: Settings) -> str:
+    topic = f"{settings.app}.txn"
+    report = await ensure_topics(settings, [TopicSpec(topic, 1, 1, {})])
+    assert not report.problems
+    return topic
+
+
+async def test_a_commit_writes_every_record_in_one_transaction(settings: Settings) -> None:
+    topic = await _topic(settings)
+    producer = StreamsProducer(settings, f"{settings.app}.0", "test")
+    await producer.start()
     try:
-        assert producer._txn_manager is not None
-        assert producer._txn_manager.transactional_id == "esk-test.3"
-        assert producer._txn_manager.transaction_timeout_ms == settings.processor.transaction_timeout_ms
-        assert producer.client._client_id == "esk-test-3"
-        # read by aiokafka's sender when the broker answers CONCURRENT_TRANSACTIONS
-        assert aiokafka.producer.sender.BACKOFF_OVERRIDE == CONCURRENT_TRANSACTIONS_RETRY_S < 0.02
+        written = await producer.commit([Output(topic, b"k", b"%d" % n) for n in range(5)], None, "")
     finally:
         await producer.stop()
+    assert written == {TopicPartition(topic, 0): 4}
+    assert [r.value for r in await read_committed(settings, topic)] == [b"0", b"1", b"2", b"3", b"4"]
+
+
+async def test_a_failed_commit_is_aborted_at_once(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Step 4 fails after the records were written: the transaction is aborted explicitly,
+    so read_committed readers see the partition's end move past it straight away (an open
+    transaction would hold the last stable offset back for transaction_timeout_ms)."""
+    topic = await _topic(settings)
+    tp = TopicPartition(topic, 0)
+    producer = StreamsProducer(settings, f"{settings.app}.0", "test")
+    await producer.start()
+    reader = committed_reader(settings)
+    await reader.start()
+    try:
+        async def refused() -> None:
+            raise KafkaError("refused at step 4")
+
+        monkeypatch.setattr(producer._producer, "commit_transaction", refused)
+        with pytest.raises(KafkaError, match="step 4"):
+            await producer.commit([Output(topic, b"k", b"lost")], None, "")
+        # records at 0, the abort marker at 1: the last stable offset is past both
+        assert (await reader.end_offsets([tp]))[tp] == 2
+        monkeypatch.undo()
+        await producer.commit([Output(topic, b"k", b"kept")], None, "")
+    finally:
+        await reader.stop()
+        await producer.stop()
+    assert [r.value for r in await read_committed(settings, topic)] == [b"kept"]

@@ -27,18 +27,20 @@ async def test_the_old_owner_of_a_partition_cannot_commit_after_the_new_one_star
     names = TopicNames(settings.app)
     async with task_builders(settings, registry, "old", "new") as (old_owner, new_owner):
         envelope = CommandEnvelope("cmd-1", "accounts", "z1", "open", {"owner": "zed"})
-        old = await old_owner._build_task(0)
+        old_partition = await old_owner.task_manager.build(0)
+        old = old_partition.running
         old.process([command_record(names.commands, 0, envelope)])  # handled, not yet committed ...
-        new = await new_owner._build_task(0)  # ... when the partition moves on
+        new_partition = await new_owner.task_manager.build(0)
+        new = new_partition.running  # ... when the partition moves on
         with pytest.raises(Exception) as fenced:
-            await old.commit()
+            await old_partition.commit()
         print("old owner's commit failed with", repr(fenced.value))
         assert old.store.get(aggregate_key("accounts", "z1")) is None  # RocksDB untouched
-        await old.close()
+        await old_partition.close()
 
         new.process([command_record(names.commands, 0, envelope)])
-        await new.commit()
-        await new.close()
+        await new_partition.commit()
+        await new_partition.close()
         events = [orjson.loads(r.value) for r in await read_committed(settings, names.events("accounts"))]
         assert [(e["aggregate_id"], e["type"], e["version"]) for e in events] == [("z1", "Opened", 1)]
 

@@ -53,56 +53,59 @@ def _version(task: StreamTask) -> int | None:
 
 async def test_a_command_handled_during_a_commit_sees_the_batch_in_flight(settings: Settings, processor: Processor) -> None:
     commands = TopicNames(settings.app).commands
-    task = await processor._build_task(0)
+    task_partition = await processor.task_manager.build(0)
+    task = task_partition.running
     accepted_before = COMMANDS.labels("accounts", "accepted")._value.get()
     try:
         task.process([command_record(commands, 0, OPEN)])
-        first = asyncio.create_task(task.commit())
+        first = asyncio.create_task(task_partition.commit())
         await asyncio.sleep(0)  # the commit has sealed the batch and is talking to the broker
         assert task.pending_commands == 0 and not first.done()
         task.process([command_record(commands, 1, DEPOSIT)])  # needs the account the open batch created
         await first
         assert _version(task) == 1 and task.committed_offset == 1
-        await task.commit()
+        await task_partition.commit()
         assert _version(task) == 2 and task.committed_offset == 2
         assert COMMANDS.labels("accounts", "accepted")._value.get() == accepted_before + 2
     finally:
-        await task.close()
+        await task_partition.close()
     assert await _outcomes(settings) == [("c-open", "accepted", 1), ("c-deposit", "accepted", 2)]
 
 
 async def test_a_failed_commit_discards_the_batch_handled_on_top_of_it(settings: Settings, processor: Processor) -> None:
     commands = TopicNames(settings.app).commands
-    task = await processor._build_task(0)
+    task_partition = await processor.task_manager.build(0)
+    task = task_partition.running
 
     async def broken_commit() -> None:
         raise KafkaError("the broker went away mid-commit")
 
-    task.producer.commit_transaction = broken_commit  # type: ignore[method-assign]
+    task_partition.producer._producer.commit_transaction = broken_commit  # type: ignore[union-attr,method-assign]
     try:
         task.process([command_record(commands, 0, OPEN)])
-        first = asyncio.create_task(task.commit())
+        first = asyncio.create_task(task_partition.commit())
         await asyncio.sleep(0)
         task.process([command_record(commands, 1, DEPOSIT)])  # read the open that never commits
         with pytest.raises(KafkaError):
             await first
-        with pytest.raises(RuntimeError, match="failed"):
-            await task.commit()  # the deposit must not commit on its own
+        with pytest.raises(RuntimeError, match="closed"):
+            await task_partition.commit()  # the deposit must not commit on its own
         assert _version(task) is None and task.committed_offset == 0
     finally:
-        await task.close()
+        await task_partition.close()
 
     # The next task for the partition (what the processor builds after a failure) fences
     # the open transaction and handles both commands again, from the committed offset.
-    again = await processor._build_task(0)
+    again_partition = await processor.task_manager.build(0)
+    again = again_partition.running
     try:
         assert again.next_offset == 0
         again.process([command_record(commands, 0, OPEN)])
         again.process([command_record(commands, 1, DEPOSIT)])
-        await again.commit()
+        await again_partition.commit()
         assert _version(again) == 2
     finally:
-        await again.close()
+        await again_partition.close()
     assert await _outcomes(settings) == [("c-open", "accepted", 1), ("c-deposit", "accepted", 2)]
 
 
@@ -114,29 +117,32 @@ async def test_a_task_resumes_from_the_position_in_the_changelog_ahead_of_the_gr
     position, not from the group's (here: none), and its final commit brings the group up."""
     commands = TopicNames(settings.app).commands
     processor.settings.processor.group_offset_interval_ms = 3_600_000
-    task = await processor._build_task(0)
+    task_partition = await processor.task_manager.build(0)
+    task = task_partition.running
     try:
         task.process([command_record(commands, 0, OPEN)])
-        await task.commit()
+        await task_partition.commit()
         task.process([command_record(commands, 1, DEPOSIT)])
-        await task.commit()
-        assert task.committed_offset == 2 and task.group_offset is None
+        await task_partition.commit()
+        assert task.committed_offset == 2 and task_partition.group_offset is None
     finally:
-        await task.close()
+        await task_partition.close()
     changelog = await read_committed(settings, TopicNames(settings.app).changelog)
     assert [r.value for r in changelog if r.key == position_key(0)] == [b"1", b"2"]
-    assert processor._consumer is not None
-    assert await processor._consumer.committed(TopicPartition(commands, 0)) is None
+    consumer = processor.task_manager.consumer
+    assert consumer is not None
+    assert await consumer.committed(TopicPartition(commands, 0)) is None
 
-    RocksDBStore.destroy(processor.store_path(0))
-    again = await processor._build_task(0)
+    RocksDBStore.destroy(processor.directory.store_path(0))
+    again_partition = await processor.task_manager.build(0)
+    again = again_partition.running
     try:
         assert again.next_offset == 2 and _version(again) == 2
-        await again.commit(final=True)  # nothing pending: a transaction with the group's offset only
-        assert again.group_offset == 2
+        await again_partition.commit(final=True)  # nothing pending: a transaction with the group's offset only
+        assert again_partition.group_offset == 2
     finally:
-        await again.close()
-    assert await processor._consumer.committed(TopicPartition(commands, 0)) == 2
+        await again_partition.close()
+    assert await consumer.committed(TopicPartition(commands, 0)) == 2
     assert await _outcomes(settings) == [("c-open", "accepted", 1), ("c-deposit", "accepted", 2)]
 
 

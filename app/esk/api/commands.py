@@ -8,9 +8,7 @@ into a response (`outcome_response`).
 Each command is a `CommandEndpoint`, a plain ASGI endpoint, and `CommandRoutes` sends
 its requests there before FastAPI's router and per-request layers see them. Under load
 (bench/http_e2e.py) FastAPI's machinery (request objects, dependency solving, response
-wrappers) cost more CPU than the command's own work; its router and exception layers
-still took about a sixth of the API's py-spy samples, and about 5% of its CPU at 1,000
-commands/s. The API process is what limits HTTP throughput. The endpoints are documented
+wrappers) cost more CPU than the command's own work (docs/benchmarks.md, probes). The API process is what limits HTTP throughput. The endpoints are documented
 in /openapi.json by `http._document_schemas`.
 """
 

@@ -2,9 +2,9 @@
 
 aiokafka's per-record `send` spends tens of microseconds of Python on every record, and
 it was most of the processor's time. Appending to one record batch per topic partition
-and handing each full batch to the producer moves the same records about three times
-faster (bench/: W1 before and after). Keyed records land on the partition the Java
-client's default partitioner picks (murmur2 of the key), as `send` would have put them.
+and handing each full batch to the producer is much cheaper (docs/benchmarks.md, probes).
+Keyed records land on the partition the Java client's default partitioner picks (murmur2
+of the key), as `send` would have put them.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ MAX_BATCH_BYTES = 512 * 1024
 Headers = list[tuple[str, bytes]]
 
 
-@dataclass(slots=True)  # not frozen: several per command, and a frozen __init__ costs 4x
+@dataclass(slots=True)  # not frozen: several per command, and a frozen __init__ costs several times more
 class Output:
     topic: str
     key: bytes | None

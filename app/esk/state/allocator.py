@@ -5,13 +5,8 @@ compaction buffers, fetch responses. glibc keeps freed heap memory for reuse and
 back to the system only from the top of the heap, so resident memory drifts above what
 is in use and stays there. Blocks of 4 MiB and more are mapped on their own instead,
 and unmapped the moment they are freed; the heap is trimmed when 4 MiB are free at its
-top. With the glibc defaults, W1 over a million commands peaked at budget + 187 MB.
-
-The threshold was 64 KiB first (+ 143 MB). That also mapped and unmapped every produce
-request and record batch the processor builds (0.5-1.3 MB each), and the page faults of
-each fresh mapping cost more than the copy: aiokafka's request encoding took 3x longer.
-W1 probes, 300,000 commands, alternating: 64 KiB 87, 90, 90 us of CPU per command; 2 MiB
-82, 85; 4 MiB 76, 85, for about 25 MB more peak RSS.
+top. The thresholds, and why not lower ones (every produce request would be mapped afresh),
+are measured in docs/benchmarks.md (probes).
 """
 
 from __future__ import annotations

@@ -26,8 +26,12 @@ _META_CF = "meta"
 
 
 class StateStore(ABC):
+    """Bytes keys to bytes values, and the changelog offsets that they reflect. After
+    close(), every method raises (scan once iterated)."""
+
     @abstractmethod
-    def get(self, key: bytes) -> bytes | None: ...
+    def get(self, key: bytes) -> bytes | None:
+        """The value of `key`, None if absent (an empty value is b"", not None)."""
 
     @abstractmethod
     def get_many(self, keys: list[bytes]) -> dict[bytes, bytes | None]:
@@ -35,18 +39,21 @@ class StateStore(ABC):
 
     @abstractmethod
     def changelog_offsets(self) -> dict[int, int]:
-        """changelog partition -> next offset to apply."""
+        """changelog partition -> next offset to apply, as last written for that partition."""
 
     @abstractmethod
     def write(self, updates: Mapping[bytes, bytes | None], offsets: Mapping[int, int]) -> None:
-        """Apply puts (bytes) and deletes (None) and record the offsets, atomically."""
+        """Apply puts (bytes) and deletes (None) and record the offsets, atomically: a
+        write that raises applies nothing. Partitions not in `offsets` keep theirs."""
 
     @abstractmethod
     def scan(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:
-        """Entries with start <= key < end, in key order."""
+        """Entries with start <= key < end, in key order, as the store was when the
+        iteration began."""
 
     @abstractmethod
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Release the store; closing it again does nothing."""
 
 
 class RocksDBStore(StateStore):
