@@ -34,7 +34,7 @@ async def aiokafka_consume(settings: Settings, topic: str, expected: int) -> flo
                                 max_partition_fetch_bytes=4 * 1024 * 1024)
     await consumer.start()
     try:
-        tps = [TopicPartition(topic, p) for p in await topic_partitions(consumer, topic)]
+        tps = [TopicPartition(topic, p) for p in await topic_partitions(settings, topic)]
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
         started = time.perf_counter()

@@ -79,7 +79,7 @@ class OutputWatch:
     async def __aenter__(self) -> OutputWatch:
         self._consumer = AIOKafkaConsumer(**client_options(self._settings), group_id=None, enable_auto_commit=False)
         await self._consumer.start()
-        tps = [TopicPartition(self._topic, p) for p in await topic_partitions(self._consumer, self._topic)]
+        tps = [TopicPartition(self._topic, p) for p in await topic_partitions(self._settings, self._topic)]
         self._consumer.assign(tps)
         for tp, end in (await self._consumer.end_offsets(tps)).items():
             self._consumer.seek(tp, end)

@@ -114,7 +114,7 @@ async def end_offsets(settings: Settings, topic: str) -> dict[TopicPartition, in
     consumer = AIOKafkaConsumer(**client_options(settings), group_id=None)
     await consumer.start()
     try:
-        tps = [TopicPartition(topic, p) for p in await topic_partitions(consumer, topic)]
+        tps = [TopicPartition(topic, p) for p in await topic_partitions(settings, topic)]
         return await consumer.end_offsets(tps)
     finally:
         await consumer.stop()

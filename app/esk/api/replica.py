@@ -68,7 +68,7 @@ class StateReplica:
     async def _run(self) -> None:
         assert self._consumer is not None and self.store is not None
         consumer, store = self._consumer, self.store
-        partitions = await topic_partitions(consumer, self.topic)
+        partitions = await topic_partitions(self.settings, self.topic)
         await restore(consumer, store, self.topic, partitions)
         self.ready.set()
         log.info("replica of %s caught up", self.topic)

@@ -1,20 +1,28 @@
-"""Topic metadata that aiokafka only has after a refresh."""
+"""Topic metadata, asked of the brokers through the admin client's public API."""
 
 from __future__ import annotations
 
 import asyncio
 
-from aiokafka import AIOKafkaConsumer
+from aiokafka.admin import AIOKafkaAdminClient
+
+from ..settings import Settings
+from .client_options import client_options
 
 
-async def topic_partitions(consumer: AIOKafkaConsumer, topic: str, timeout_s: float = 10.0) -> list[int]:
-    """The partitions of `topic`; raises if the topic does not exist."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while True:
-        partitions = consumer.partitions_for_topic(topic)
-        if partitions:
-            return sorted(partitions)
-        if asyncio.get_running_loop().time() > deadline:
-            raise LookupError(f"topic {topic} not found: run `esk topics init`")
-        await consumer._client.force_metadata_update()  # noqa: SLF001 - no public refresh in aiokafka
-        await asyncio.sleep(0.05)
+async def topic_partitions(settings: Settings, topic: str, timeout_s: float = 10.0) -> list[int]:
+    """The partitions of `topic`; raises LookupError if it does not exist (after waiting a
+    little: a topic just created shows up in every broker's metadata a moment later)."""
+    admin = AIOKafkaAdminClient(**client_options(settings))
+    await admin.start()
+    try:
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while True:
+            [described] = await admin.describe_topics([topic])
+            if described["error_code"] == 0 and described["partitions"]:
+                return sorted(p["partition"] for p in described["partitions"])
+            if asyncio.get_running_loop().time() > deadline:
+                raise LookupError(f"topic {topic} not found: run `esk topics init`")
+            await asyncio.sleep(0.05)
+    finally:
+        await admin.close()

@@ -24,7 +24,7 @@ async def read_committed(settings: Settings, topic: str) -> list[ConsumerRecord[
     consumer = committed_reader(settings)
     await consumer.start()
     try:
-        tps = [TopicPartition(topic, p) for p in await topic_partitions(consumer, topic)]
+        tps = [TopicPartition(topic, p) for p in await topic_partitions(settings, topic)]
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
         ends = await consumer.end_offsets(tps)
