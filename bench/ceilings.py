@@ -111,7 +111,7 @@ def _confluent_produce(producer: Any, topic: str, records: list[tuple[bytes, byt
 
 def kafka_perf_tools(broker: EmbeddedBroker, settings: Settings, records: int, size: int) -> list[tuple[str, float]]:
     """kafka-producer-perf-test and kafka-consumer-perf-test from the broker's own jars."""
-    classpath = broker._classpath()  # noqa: SLF001 - the same jars the broker runs on
+    classpath = broker._classpath()
     topic = f"{settings.app}.perf"
     produced = subprocess.run(
         ["java", "-Xmx512m", "-cp", classpath, "org.apache.kafka.tools.ProducerPerformance",

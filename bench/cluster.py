@@ -162,7 +162,7 @@ class Cluster:
             if not process.alive:
                 process.start()
         for api in (p for p in self.processes if p.role == "api"):
-            wait_until(lambda api=api: api_ready(api.url), timeout_s, f"{api.name} to be ready")  # type: ignore[misc]
+            wait_until(lambda api=api: api_ready(api.url), timeout_s, f"{api.name} to be ready")
         processors = [p for p in self.processes if p.role == "processor"]
         partitions = self.settings.topics.partitions
         wait_until(lambda: sum(p.metric("esk_active_tasks") or 0 for p in processors) >= partitions * bool(processors),

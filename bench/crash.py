@@ -38,12 +38,12 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
+from bench.cluster import Cluster, EskProcess, api_ready, run_harness, scratch_broker, scratch_settings, wait_until
+from domain.accounts import accounts as accounts_type
 from esk.kafka.reader import read_committed
 from esk.kafka.topics import TopicNames, ensure_topics, topic_specs
 from esk.registry import load_registry
 from esk.settings import Settings
-from bench.cluster import Cluster, EskProcess, api_ready, run_harness, scratch_broker, scratch_settings, wait_until
-from domain.accounts import accounts as accounts_type
 
 
 @dataclass
@@ -102,7 +102,7 @@ async def verify(settings: Settings, api_url: str, acknowledged: set[str], timeo
     verdict.missing_outcomes = len(missing)
     verdict.duplicate_outcomes = sum(1 for cid in acknowledged if per_command[cid] > 1)
     outcomes = {outcome["command_id"]: outcome for outcome in decoded}
-    accepted_events = defaultdict(int)
+    accepted_events: defaultdict[str, int] = defaultdict(int)
     for outcome in outcomes.values():
         if outcome["status"] == "accepted":
             verdict.accepted += 1

@@ -25,12 +25,12 @@ from aiokafka.errors import GroupCoordinatorNotAvailableError
 from rich.console import Console
 from rich.table import Table
 
-from esk.kafka.topics import TopicNames, ensure_topics, topic_specs
-from esk.registry import load_registry
-from esk.settings import Settings
 from bench.cluster import Cluster, EskProcess, metric_sum, run_harness, scratch_broker, scratch_settings
 from bench.measure import drain
 from bench.workload import accounts_commands, command_records, committed_lag, produce
+from esk.kafka.topics import TopicNames, ensure_topics, topic_specs
+from esk.registry import load_registry
+from esk.settings import Settings
 
 SESSION_TIMEOUT_MS = 6000
 

@@ -15,14 +15,14 @@ from pathlib import Path
 
 from aiokafka.structs import ConsumerRecord
 
+from bench.results import console
+from bench.workload import accounts_commands, command_records
 from esk.kafka.topics import TopicNames
 from esk.processing.stream_task import StreamTask
 from esk.registry import load_registry
 from esk.settings import Settings
 from esk.state.resources import StoreResources
 from esk.state.store import RocksDBStore
-from bench.results import console
-from bench.workload import accounts_commands, command_records
 
 CHUNK = 64  # what the processor hands StreamTask.process at a time (task_manager.YIELD_EVERY)
 BATCH = 1000  # commands between store writes, as batch_max_records

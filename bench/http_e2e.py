@@ -17,11 +17,11 @@ import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from esk.settings import Settings
 from bench.cluster import Cluster, new_app, run_harness, scratch_broker, scratch_settings
 from bench.http_load import LoadSpec, run_load
 from bench.measure import cpu_cores
 from bench.results import Report, console
+from esk.settings import Settings
 
 FIXED_RATE = 1_000  # commands/s: the rate the latency target is set at
 SATURATION = "esk HTTP end to end, saturation"

@@ -27,15 +27,16 @@ import itertools
 import random
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import orjson
 
-from esk.protocol import CommandEnvelope
 from bench.measure import percentile
 from bench.workload import account_ids, account_moves, account_opens, order_place
+from esk.protocol import CommandEnvelope
 
 # Answers that carry the command's outcome: accepted, or refused by the domain or a precondition.
 OUTCOMES = frozenset({200, 404, 409, 412, 422})
@@ -82,7 +83,7 @@ class LoadResult:
         return self.answered / self.elapsed_s if self.elapsed_s else 0.0
 
     def latency_ms(self, q: float) -> float:
-        return percentile([s for s, status in zip(self.latencies_s, self.statuses) if status in OUTCOMES], q) * 1000
+        return percentile([s for s, status in zip(self.latencies_s, self.statuses, strict=True) if status in OUTCOMES], q) * 1000
 
     def describe_errors(self) -> str:
         counts = {f"HTTP {s}": self.statuses.count(s) for s in sorted(set(self.statuses) - OUTCOMES - {NO_ANSWER})}
@@ -94,7 +95,7 @@ async def run_load(spec: LoadSpec, workdir: Path) -> LoadResult:
     """Run the generator as a child process and return what it measured."""
     stem = spec.name.replace(" ", "-")
     result_path, log_path = workdir / f"{stem}.json", workdir / f"{stem}.log"
-    with open(log_path, "wb") as log:
+    with open(log_path, "wb") as log:  # noqa: ASYNC230 - opened once, before the child starts
         child = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "bench.http_load", orjson.dumps(spec).decode(), str(result_path),
             stdout=log, stderr=asyncio.subprocess.STDOUT,
@@ -243,7 +244,7 @@ async def _closed(requests: Iterator[Request], concurrency: int, until: float, s
 
 
 async def _open(requests: Iterator[Request], rate: float, started: float, until: float,
-                send: Callable[[Request, float], Awaitable[None]]) -> None:
+                send: Callable[[Request, float], Coroutine[Any, Any, None]]) -> None:
     in_flight: set[asyncio.Task[None]] = set()
     for n, request in enumerate(requests):
         due = started + n / rate

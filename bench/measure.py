@@ -16,13 +16,13 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import GroupCoordinatorNotAvailableError
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.cluster import EskProcess
+from bench.results import Report
+from bench.workload import PROBES, committed_lag, probe_records, produce
 from esk.kafka.client_options import client_options
 from esk.kafka.metadata import topic_partitions
 from esk.kafka.topics import TopicNames
 from esk.settings import Settings
-from bench.cluster import EskProcess
-from bench.results import Report
-from bench.workload import PROBES, committed_lag, probe_records, produce
 
 
 @dataclass
@@ -165,7 +165,7 @@ def cpu_cores(pids: dict[str, int]) -> Iterator[dict[str, float]]:
 
     def cpu(pid: int) -> float:
         times = psutil.Process(pid).cpu_times()
-        return times.user + times.system
+        return float(times.user + times.system)
 
     before = {name: cpu(pid) for name, pid in pids.items()}
     started = time.perf_counter()

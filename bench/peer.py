@@ -13,11 +13,11 @@ from pathlib import Path
 
 import psutil
 
-from esk.kafka.topics import TopicSpec, ensure_topics
-from esk.settings import Settings
 from bench.measure import restart, w3_outputs_row
 from bench.results import Report
 from bench.workload import PROBES, committed_lag, end_offsets, probe_records
+from esk.kafka.topics import TopicSpec, ensure_topics
+from esk.settings import Settings
 
 SYSTEM = "Quix Streams"
 W1_ROW = f"{SYSTEM} peer"  # its W1 rate, which bench.run divides esk's by

@@ -21,14 +21,14 @@ from pathlib import Path
 
 import httpx
 
-from esk.kafka.topics import TopicNames
-from esk.settings import Settings
 from bench.cluster import Cluster, EskProcess, new_app
 from bench.delta_watch import RowWatch
 from bench.http_load import LoadSpec, run_load
 from bench.measure import drain, percentile
 from bench.results import Report
 from bench.workload import command_records, customers_for, orders_commands, produce
+from esk.kafka.topics import TopicNames
+from esk.settings import Settings
 
 READ_MODEL = "customer_recent_orders"
 LAG_PREFIX = "lag-"  # of the orders whose lag is measured
@@ -105,7 +105,7 @@ async def _lag(settings: Settings, api_url: str, workdir: Path, sizes: W4Sizes, 
         await asyncio.to_thread(watch.poll)
         await asyncio.sleep(0.5)
     placed = await load
-    answered = {i: at for i, at, status in zip(placed.ids, placed.answered_at, placed.statuses) if status == 200}
+    answered = {i: at for i, at, status in zip(placed.ids, placed.answered_at, placed.statuses, strict=True) if status == 200}
     trigger_s = settings.projections.trigger_interval_s
     # generous: a micro-batch takes longer the bigger the table (its trim reads all of it)
     missing = await _until_visible(watch, set(answered), timeout_s=600)

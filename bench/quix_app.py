@@ -25,9 +25,7 @@ def handle(command: dict[str, Any], state: State) -> dict[str, Any]:
     version = account["version"] if account else 0
     name, payload = command["command"], command["payload"]
     event = None
-    if command.get("expected_version") is not None and command["expected_version"] != version:
-        outcome = {"status": "precondition_failed", "version": version}
-    elif command.get("expect_new") and account is not None:
+    if (command.get("expected_version") is not None and command["expected_version"] != version) or (command.get("expect_new") and account is not None):
         outcome = {"status": "precondition_failed", "version": version}
     elif name == "open":
         if account is not None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -33,7 +33,7 @@ def write(report: Report, ratios: list[tuple[str, float | None, str]], docs: Pat
     lines = [
         "# Benchmarks",
         "",
-        f"Written by `make bench` on {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC. Every figure comes from the "
+        f"Written by `make bench` on {datetime.now(UTC):%Y-%m-%d %H:%M} UTC. Every figure comes from the "
         "same run on the same embedded broker; compare the ratios, not the absolute numbers, across machines.",
         "",
         "## Machine and versions",

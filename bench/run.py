@@ -17,9 +17,6 @@ from pathlib import Path
 
 from rich.table import Table
 
-from esk.kafka.reader import read_committed
-from esk.kafka.topics import TopicNames, TopicSpec, ensure_topics, topic_specs
-from esk.registry import load_registry
 from bench import ceilings, http_e2e, peer, projection
 from bench.cluster import Cluster, run_harness, scratch_broker, scratch_settings
 from bench.http_e2e import W2Sizes
@@ -27,6 +24,9 @@ from bench.measure import drain, histogram_quantile, restarts, w3_outputs_row
 from bench.projection import W4Sizes
 from bench.results import Report, console
 from bench.workload import account_ids, accounts_commands, command_records, produce
+from esk.kafka.reader import read_committed
+from esk.kafka.topics import TopicNames, TopicSpec, ensure_topics, topic_specs
+from esk.registry import load_registry
 
 
 @dataclass(frozen=True)
@@ -129,7 +129,8 @@ def ratios(report: Report, budget_mb: int) -> list[tuple[str, float | None, str]
                     quix_s / esk_s if esk_s and quix_s else None, "none set"))
     rss = report.get("W5", "esk processor max RSS")
     over = rss - budget_mb if rss is not None else None
-    return out + [
+    return [
+        *out,
         ("W5 esk max RSS minus the RocksDB budget (MB)", over, "<= 150"),
         ("W2 commands/s over HTTP at saturation", report.get("W2", http_e2e.SATURATION), ">= 3000"),
         (f"W2 p99 latency at {http_e2e.FIXED_RATE:,} commands/s (ms)", report.get("W2", http_e2e.latency_row("p99", http_e2e.FIXED_RATE)), "<= 50"),

@@ -11,12 +11,12 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from esk.kafka.topics import TopicNames, ensure_topics, topic_specs
-from esk.registry import load_registry
 from bench.cluster import Cluster, run_harness, scratch_broker, scratch_settings
 from bench.measure import drain, restarts
 from bench.results import Report, console
 from bench.workload import account_ids, account_opens, command_records, produce
+from esk.kafka.topics import TopicNames, ensure_topics, topic_specs
+from esk.registry import load_registry
 
 
 async def run(aggregates: int, budget_mb: int, partitions: int) -> Report:

@@ -115,7 +115,8 @@ async def end_offsets(settings: Settings, topic: str) -> dict[TopicPartition, in
     await consumer.start()
     try:
         tps = [TopicPartition(topic, p) for p in await topic_partitions(settings, topic)]
-        return await consumer.end_offsets(tps)
+        ends: dict[TopicPartition, int] = await consumer.end_offsets(tps)
+        return ends
     finally:
         await consumer.stop()
 

@@ -142,7 +142,7 @@ async def task_builders(settings: Settings, registry: Registry, *names: str) -> 
     processors = [Processor(with_state_dirs(settings, name), registry) for name in names]
     consumers = [AIOKafkaConsumer(**client_options(settings), group_id=p.group_id, enable_auto_commit=False) for p in processors]
     try:
-        for processor, consumer in zip(processors, consumers):
+        for processor, consumer in zip(processors, consumers, strict=True):
             processor.task_manager.consumer = consumer
             await consumer.start()
         yield processors

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import signal
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -68,8 +68,8 @@ def domain_registry(settings: Settings) -> Registry:
         raise fail(f"ESK_DOMAIN={settings.domain}: {error}") from None
 
 
-PortOption = Annotated[Optional[int], typer.Option("--port", help="Broker port (ESK_BROKER__PORT).")]
-DataDirOption = Annotated[Optional[Path], typer.Option("--data-dir", help="Broker data directory.")]
+PortOption = Annotated[int | None, typer.Option("--port", help="Broker port (ESK_BROKER__PORT).")]
+DataDirOption = Annotated[Path | None, typer.Option("--data-dir", help="Broker data directory.")]
 
 
 @broker_cli.command("start")
@@ -103,7 +103,7 @@ def broker_status(port: PortOption = None, data_dir: DataDirOption = None) -> No
 
 @topics_cli.command("init")
 def topics_init(
-    partitions: Annotated[Optional[int], typer.Option(help="Partitions per topic (ESK_TOPICS__PARTITIONS).")] = None,
+    partitions: Annotated[int | None, typer.Option(help="Partitions per topic (ESK_TOPICS__PARTITIONS).")] = None,
 ) -> None:
     """Create the application's topics, or check the ones that exist; exit 1 on any mismatch."""
     settings = load_settings(topics__partitions=partitions)
@@ -135,8 +135,8 @@ def processor() -> None:
 
 @cli.command("api")
 def api(
-    host: Annotated[Optional[str], typer.Option(help="Listen address (ESK_API__HOST).")] = None,
-    port: Annotated[Optional[int], typer.Option(help="Listen port (ESK_API__PORT).")] = None,
+    host: Annotated[str | None, typer.Option(help="Listen address (ESK_API__HOST).")] = None,
+    port: Annotated[int | None, typer.Option(help="Listen port (ESK_API__PORT).")] = None,
 ) -> None:
     """Run the HTTP API (production entry point)."""
     from .runtime import run_api
@@ -281,7 +281,7 @@ def print_rows(columns: list[str], rows: list[list[Any]], output: str) -> None:
         writer.writerows(rows)
     elif output == "json":
         for row in rows:
-            sys.stdout.write(orjson.dumps(dict(zip(columns, row)), default=str).decode() + "\n")
+            sys.stdout.write(orjson.dumps(dict(zip(columns, row, strict=True)), default=str).decode() + "\n")
     else:
         table = Table(*columns)
         for row in rows:

@@ -12,9 +12,9 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from esk.broker import BrokerError, EmbeddedBroker
+from esk.broker.ports import free_port_pair
 from esk.kafka.topics import TopicNames, ensure_topics, topic_specs
 from esk.settings import BrokerSettings, Settings
-from esk.broker.ports import free_port_pair
 
 pytestmark = pytest.mark.kafka
 

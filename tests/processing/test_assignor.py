@@ -15,7 +15,7 @@ def actives(result: dict[str, object]) -> dict[str, list[int]]:
 
 def test_every_partition_has_one_owner_and_shares_differ_by_at_most_one() -> None:
     for members in range(1, 8):
-        for partitions in range(0, 13):
+        for partitions in range(13):
             result = plan(range(partitions), {f"m{i}": MemberState() for i in range(members)}, 0)
             owned = sorted(p for r in result.values() for p in r.active)
             assert owned == list(range(partitions))
@@ -52,7 +52,7 @@ def test_standbys_sit_on_other_members_that_keep_standbys_warm_ones_first() -> N
         "d": MemberState(),  # no standby replicas configured: keeps none
     }
     result = plan(range(6), members, 1)
-    for member, p in result.items():
+    for p in result.values():
         assert not set(p.active) & set(p.standby)
     assert result["d"].standby == []
     standbys = sorted(p for m in "abc" for p in result[m].standby)

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from esk.settings import Settings
 from bench import crash
+from esk.settings import Settings
 
 pytestmark = pytest.mark.kafka
 

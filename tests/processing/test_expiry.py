@@ -11,12 +11,12 @@ from datetime import timedelta
 
 import pytest
 
+from domain.accounts import accounts
+from domain.orders import orders
 from esk.kafka.reader import read_committed
 from esk.kafka.topics import TopicNames, ensure_topics, topic_specs
 from esk.protocol import aggregate_key, command_key
 from esk.settings import Settings
-from domain.accounts import accounts
-from domain.orders import orders
 from tests.system import api, processor, with_state_dirs
 
 pytestmark = pytest.mark.kafka

@@ -9,13 +9,13 @@ from pathlib import Path
 import orjson
 import pytest
 
+from bench import crash
+from bench.cluster import Cluster, api_ready, wait_until
 from esk.kafka.reader import read_committed
 from esk.kafka.topics import TopicNames, ensure_topics, topic_specs
 from esk.protocol import CommandEnvelope, aggregate_key
 from esk.registry import load_registry
 from esk.settings import Settings
-from bench import crash
-from bench.cluster import Cluster, api_ready, wait_until
 from tests.system import command_record, task_builders
 
 pytestmark = pytest.mark.kafka

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from bench.cluster import Cluster, EskProcess, api_ready, wait_until
+from bench.crash import Load, verify
 from esk.kafka.topics import ensure_topics, topic_specs
 from esk.registry import load_registry
 from esk.settings import Settings
-from bench.cluster import Cluster, EskProcess, api_ready, wait_until
-from bench.crash import Load, verify
 
 pytestmark = pytest.mark.kafka
 

@@ -9,7 +9,7 @@ import shutil
 import uuid
 from collections import defaultdict
 from collections.abc import Iterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +21,10 @@ from aiokafka import AIOKafkaProducer  # noqa: E402
 from pyspark.sql import SparkSession  # noqa: E402
 
 from esk.kafka.topics import TopicNames  # noqa: E402
-from esk.settings import Settings  # noqa: E402
 from esk.projections.catalog import Tables  # noqa: E402
 from esk.projections.runner import run  # noqa: E402
 from esk.projections.session import spark_session  # noqa: E402
+from esk.settings import Settings  # noqa: E402
 from projections.read_models import READ_MODELS, RECENT_ORDERS  # noqa: E402
 from tests.system import events_topic, read_topic, system  # noqa: E402
 
@@ -74,7 +74,7 @@ def _events(records: list[Any]) -> list[dict[str, Any]]:
 
 
 def _day(ms: int) -> Any:
-    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).date()
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).date()
 
 
 def reference_account_balances(events: list[dict[str, Any]]) -> dict[str, tuple[Any, ...]]:
@@ -144,7 +144,7 @@ def _check_all(spark: SparkSession, settings: Settings, accounts: list[dict[str,
 
     recent: dict[str, list[tuple[Any, ...]]] = defaultdict(list)
     for r in _table(spark, settings, "customer_recent_orders"):
-        placed_ms = int(r.placed_at.replace(tzinfo=timezone.utc).timestamp() * 1000)
+        placed_ms = int(r.placed_at.replace(tzinfo=UTC).timestamp() * 1000)
         recent[r.customer_id].append((r.order_id, placed_ms, r.status, r.total, r.version))
     expected = reference_customer_recent_orders(orders)
     assert {c: sorted(rows, key=lambda x: (x[1], x[0]), reverse=True) for c, rows in recent.items()} == expected

@@ -26,13 +26,13 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from .gateway import CommandGateway
-from .problems import Problem
-from .replica import StateReplica
+from ..domain.aggregate import ALREADY_EXISTS, NOT_FOUND, AggregateType
 from ..metrics import HTTP_OUTCOME_TIMEOUTS
 from ..protocol import CommandEnvelope, Outcome, Status
 from ..settings import Settings
-from ..domain.aggregate import ALREADY_EXISTS, NOT_FOUND, AggregateType
+from .gateway import CommandGateway
+from .problems import Problem
+from .replica import StateReplica
 
 log = logging.getLogger(__name__)
 

@@ -16,9 +16,15 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
+from ..domain.aggregate import AggregateType, Event
+from ..projections.reader import BadFilter, ReadModelNotBuilt, ReadModelNotFound, ReadModelRows
+from ..protocol import StoredAggregate
+from ..registry import Registry
+from ..settings import Settings
 from .auth import BearerAuth
 from .commands import (
     MAX_ID,
@@ -34,11 +40,6 @@ from .commands import (
 from .gateway import CommandGateway
 from .problems import Problem
 from .replica import StateReplica
-from ..projections.reader import BadFilter, ReadModelNotBuilt, ReadModelNotFound, ReadModelRows
-from ..protocol import StoredAggregate
-from ..registry import Registry
-from ..settings import Settings
-from ..domain.aggregate import AggregateType
 
 
 def create_app(settings: Settings, registry: Registry) -> FastAPI:
@@ -106,7 +107,7 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
         return json_response({"name": name, "rows": rows, "count": len(rows)})
 
     @app.get("/v1/{type_name}/{id}/events", tags=["state"], summary="An aggregate's history (from the events archive)")
-    async def get_history(type_name: str, id: str) -> Response:  # noqa: A002
+    async def get_history(type_name: str, id: str) -> Response:
         if type_name not in registry:
             raise Problem(404, "unknown_aggregate_type", f"no aggregate type {type_name!r}")
         rows = await _read_model("events_archive", {"aggregate_type": type_name, "aggregate_id": id}, 100_000)
@@ -135,7 +136,7 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
             raise Problem(400, "invalid_filter", str(error)) from None
 
     @app.post("/v1/{type_name}/{id}/{command}", include_in_schema=False)
-    async def unknown_command(type_name: str, id: str, command: str) -> Response:  # noqa: A002
+    async def unknown_command(type_name: str, id: str, command: str) -> Response:
         if type_name not in registry:
             raise Problem(404, "unknown_aggregate_type", f"no aggregate type {type_name!r}")
         raise Problem(404, "unknown_command", f"{type_name} has no command {command!r}")
@@ -143,7 +144,7 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
     # -- state -----------------------------------------------------------------------
 
     @app.get("/v1/{type_name}/{id}", tags=["state"], summary="Current state and version of an aggregate")
-    async def get_aggregate(type_name: str, id: str, min_version: int | None = None) -> Response:  # noqa: A002
+    async def get_aggregate(type_name: str, id: str, min_version: int | None = None) -> Response:
         if type_name not in registry:
             raise Problem(404, "unknown_aggregate_type", f"no aggregate type {type_name!r}")
         check_id("aggregate_id", id)
@@ -246,17 +247,17 @@ def _document_schemas(app: FastAPI, registry: Registry) -> None:
         for aggregate_type in registry.values():
             for command, model in aggregate_type.commands.items():
                 paths[command_url(aggregate_type, command)] = _command_path(aggregate_type, command, model)
-            models: list[tuple[str, type]] = [(_schema_name(aggregate_type, m), m) for m in aggregate_type.commands.values()]
+            models: list[tuple[str, type[BaseModel]]] = [(_schema_name(aggregate_type, m), m) for m in aggregate_type.commands.values()]
             models += [(f"{aggregate_type.name}.events.{e.type_name()}", e) for e in aggregate_type.events]
             models.append((f"{aggregate_type.name}.State", aggregate_type.state))
-            for name, model in models:
-                model_schema = model.model_json_schema(ref_template=f"#/components/schemas/{name}.{{model}}")  # type: ignore[attr-defined]
+            for name, documented in models:
+                model_schema = documented.model_json_schema(ref_template=f"#/components/schemas/{name}.{{model}}")
                 for def_name, definition in model_schema.pop("$defs", {}).items():
                     components[f"{name}.{def_name}"] = definition
-                if name.startswith(f"{aggregate_type.name}.events."):
-                    model_schema["x-schema-version"] = model.schema_version  # type: ignore[attr-defined]
+                if issubclass(documented, Event):
+                    model_schema["x-schema-version"] = documented.schema_version
                 components[name] = model_schema
         app.openapi_schema = schema
         return schema
 
-    app.openapi = openapi  # type: ignore[method-assign]
+    app.openapi = openapi  # type: ignore[method-assign]  # FastAPI documents this way of extending the schema

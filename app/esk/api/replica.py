@@ -17,8 +17,8 @@ from typing import TypeVar
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from ..kafka.reader import committed_reader
 from ..kafka.metadata import topic_partitions
+from ..kafka.reader import committed_reader
 from ..kafka.topics import TopicNames
 from ..metrics import STORE_MEMORY
 from ..protocol import Outcome, StoredAggregate, aggregate_key, command_key

@@ -261,7 +261,7 @@ async def _answers_metadata(bootstrap: str, timeout_s: float) -> bool:
     try:  # a closed port is the common case while starting; don't let aiokafka log it
         _, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), timeout_s)
         writer.close()
-    except (OSError, asyncio.TimeoutError):
+    except (TimeoutError, OSError):
         return False
     client = AIOKafkaClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000))
     try:

@@ -78,6 +78,9 @@ class AggregateType(Generic[S]):
     upcasters: Upcasters = field(default_factory=dict)
     retention: timedelta | None = None
     is_final: Callable[[S], bool] = lambda _state: False
+    # Derived from `events` once; frozen, so __post_init__ sets them through object.__setattr__.
+    _events_by_name: Mapping[str, type[Event]] = field(init=False, repr=False, compare=False)
+    _event_types: frozenset[type[Event]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.name.replace("_", "").replace("-", "").isalnum():
@@ -87,12 +90,8 @@ class AggregateType(Generic[S]):
             raise ValueError(f"creating commands not among the commands: {unknown}")
         object.__setattr__(self, "_events_by_name", {e.type_name(): e for e in self.events})
         object.__setattr__(self, "_event_types", frozenset(self.events))
-        object.__setattr__(self, "_command_names", {c: n for n, c in self.commands.items()})
 
     # -- commands --------------------------------------------------------------
-
-    def command_name(self, command: Command) -> str:
-        return self._command_names[type(command)]  # type: ignore[attr-defined]
 
     def parse_command(self, name: str, payload: Any) -> Command:
         """Validate a payload; raises KeyError for an unknown command, pydantic's
@@ -111,7 +110,7 @@ class AggregateType(Generic[S]):
             return decision
         events = list(decision)
         for event in events:
-            if type(event) not in self._event_types:  # type: ignore[attr-defined]
+            if type(event) not in self._event_types:
                 raise TypeError(f"{self.name}.decide returned an unregistered event {type(event).__name__}")
         return events
 
@@ -124,7 +123,7 @@ class AggregateType(Generic[S]):
 
     def event_type(self, type_name: str) -> type[Event]:
         try:
-            return self._events_by_name[type_name]  # type: ignore[attr-defined,no-any-return]
+            return self._events_by_name[type_name]
         except KeyError:
             raise UnknownEventType(f"{self.name} has no event type {type_name!r}") from None
 

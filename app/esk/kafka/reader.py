@@ -5,9 +5,9 @@ from __future__ import annotations
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import ConsumerRecord
 
+from ..settings import Settings
 from .client_options import client_options
 from .metadata import topic_partitions
-from ..settings import Settings
 
 
 def committed_reader(settings: Settings, client_id: str | None = None) -> AIOKafkaConsumer:

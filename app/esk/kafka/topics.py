@@ -15,8 +15,8 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import TopicAlreadyExistsError
 
-from .client_options import client_options
 from ..settings import Settings
+from .client_options import client_options
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from aiokafka.cluster import ClusterMetadata
 from aiokafka.coordinator.assignors.abstract import AbstractPartitionAssignor
 from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment, ConsumerProtocolMemberMetadata
 
+
 @dataclass
 class MemberState:
     """What a member reports when it joins."""
@@ -108,11 +109,11 @@ class StandbyAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
         self.owned: set[int] = set()
         self.standby: set[int] = set()
 
-    def metadata(self, topics: Iterable[str]) -> ConsumerProtocolMemberMetadata:  # type: ignore[override]
+    def metadata(self, topics: Iterable[str]) -> ConsumerProtocolMemberMetadata:
         state = MemberState(set(self.owned), self._warm(), self.standby_replicas)
         return ConsumerProtocolMemberMetadata(self.version, list(topics), state.encode())
 
-    def assign(  # type: ignore[override]
+    def assign(
         self, cluster: ClusterMetadata, members: Mapping[str, ConsumerProtocolMemberMetadata]
     ) -> dict[str, ConsumerProtocolMemberAssignment]:
         partitions = cluster.partitions_for_topic(self.topic) or set()
@@ -130,7 +131,7 @@ class StandbyAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
             for member, p in plans.items()
         }
 
-    def on_assignment(self, assignment: ConsumerProtocolMemberAssignment) -> None:  # type: ignore[override]
+    def on_assignment(self, assignment: ConsumerProtocolMemberAssignment) -> None:
         self.owned = {tp.partition for tp in assignment.partitions() if tp.topic == self.topic}
         try:
             self.standby = set(orjson.loads(assignment.user_data).get("standby", [])) - self.owned

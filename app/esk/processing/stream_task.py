@@ -27,9 +27,6 @@ from aiokafka.structs import ConsumerRecord
 
 from ..kafka.topics import TopicNames
 from ..metrics import COMMANDS, DLQ_RECORDS
-from .command_handler import handle_command, refusal
-from .overlay import ABSENT, Overlay, Writes
-from .record_collector import Headers, Output
 from ..protocol import (
     AGGREGATE_PREFIX,
     EXPIRY_PREFIX,
@@ -49,6 +46,9 @@ from ..protocol import (
 )
 from ..registry import Registry
 from ..state.store import StateStore
+from .command_handler import handle_command, refusal
+from .overlay import ABSENT, Overlay, Writes
+from .record_collector import Headers, Output
 
 log = logging.getLogger(__name__)
 

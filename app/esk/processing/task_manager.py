@@ -228,7 +228,7 @@ class TaskManager:
         """At shutdown: every open batch, each after its commit in flight."""
         running = self._running()
         results = await asyncio.gather(*(p.commit(final=True) for p in running), return_exceptions=True)
-        for partition, result in zip(running, results):
+        for partition, result in zip(running, results, strict=True):
             if isinstance(result, BaseException):
                 log.warning("partition %d: last commit failed (%r); the next owner redoes it", partition.number, result)
 

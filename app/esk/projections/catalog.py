@@ -47,7 +47,7 @@ class BatchWriter:
     app_id: str
     batch_id: int
 
-    def run(self, step: str, write: Callable[[], None]) -> None:
+    def run(self, step: str, write: Callable[[], object]) -> None:
         conf = self.spark.conf
         conf.set("spark.databricks.delta.write.txnAppId", f"{self.app_id}.{step}")
         conf.set("spark.databricks.delta.write.txnVersion", str(self.batch_id))

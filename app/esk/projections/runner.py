@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import Any
 
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming.readwriter import DataStreamWriter
 from rich.console import Console
 
-from ..registry import Registry, load_registry
+from ..registry import load_registry
 from ..settings import Settings
 from .catalog import BatchWriter, Projection, Tables
 from .events import decode, event_stream
@@ -69,26 +71,21 @@ def run(
         summary.rows += rows
         console.print(f"{name} g{generation} batch {batch_id}: {count:,} events, {rows:,} rows merged", highlight=False)
 
-    def start(trigger: dict[str, object]):  # type: ignore[no-untyped-def]
+    def writer() -> DataStreamWriter:
         events = decode(event_stream(spark, settings, projection.model.categories), settings, projection.model.categories)
-        return (
-            events.writeStream.foreachBatch(batch)
-            .option("checkpointLocation", str(tables.checkpoint(name, generation)))
-            .trigger(**trigger)
-            .start()
-        )
+        return events.writeStream.foreachBatch(batch).option("checkpointLocation", str(tables.checkpoint(name, generation)))
 
-    query = start({"availableNow": True})
+    query = writer().trigger(availableNow=True).start()
     query.awaitTermination()
     summary.lag = _lag(query.lastProgress)
     if current != generation:
         tables.switch(name, generation)  # caught up: readers move over now, never earlier
         console.print(f"{name}: readers now use generation {generation} ({path})", highlight=False)
     if continuous:
-        query = start({"processingTime": f"{settings.projections.trigger_interval_s} seconds"})
+        query = writer().trigger(processingTime=f"{settings.projections.trigger_interval_s} seconds").start()
         try:
             while query.isActive:
-                query.awaitTermination(settings.projections.trigger_interval_s * 2)
+                query.awaitTermination(round(settings.projections.trigger_interval_s * 2))
                 summary.lag = _lag(query.lastProgress)
                 console.print(f"{name} lag per partition: {summary.lag or 'none'}", highlight=False)
         except KeyboardInterrupt:
@@ -98,7 +95,7 @@ def run(
     return summary
 
 
-def _lag(progress: dict | None) -> dict[str, int]:  # type: ignore[type-arg]
+def _lag(progress: dict[str, Any] | None) -> dict[str, int]:
     """Records between what was processed and the newest offsets, per topic partition."""
     if not progress:
         return {}

@@ -14,6 +14,7 @@ import struct
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import cast
 
 from rocksdict import Rdict, WriteBatch
 
@@ -63,7 +64,7 @@ class RocksDBStore(StateStore):
         options = resources.options()
         try:
             self._db: Rdict | None = Rdict(str(path), options, column_families={_META_CF: options})
-        except Exception as error:  # noqa: BLE001 - rocksdict raises plain Exception
+        except Exception as error:
             if "lock" in str(error).lower():
                 raise  # another live task owns it: never wipe a store in use
             # A corrupt store is rebuilt from the changelog rather than trusted or left blocking.
@@ -73,18 +74,24 @@ class RocksDBStore(StateStore):
         self._meta: Rdict | None = self._db.get_column_family(_META_CF)
         self._meta_handle = self._db.get_column_family_handle(_META_CF)
 
+    # rocksdict's stubs type keys and values as any of the types it can store; in raw mode
+    # (Options(raw_mode=True)) they are bytes, hence the casts.
+
     def get(self, key: bytes) -> bytes | None:
         assert self._db is not None
-        return self._db.get(key)  # type: ignore[no-any-return]
+        return cast("bytes | None", self._db.get(key))
 
     def get_many(self, keys: list[bytes]) -> dict[bytes, bytes | None]:
         assert self._db is not None
-        return dict(zip(keys, self._db.get(keys))) if keys else {}
+        if not keys:
+            return {}
+        values = cast("list[bytes | None]", self._db.get(cast("list[str | int | float | bytes | bool]", keys)))
+        return dict(zip(keys, values, strict=True))
 
     def changelog_offsets(self) -> dict[int, int]:
         assert self._meta is not None
         offsets: dict[int, int] = {}
-        for key, value in self._meta.items(from_key=_OFFSET_PREFIX):
+        for key, value in cast("Iterator[tuple[bytes, bytes]]", self._meta.items(from_key=_OFFSET_PREFIX)):
             if not key.startswith(_OFFSET_PREFIX):
                 break
             offsets[int(key[len(_OFFSET_PREFIX):])] = struct.unpack(">q", value)[0]
@@ -104,7 +111,7 @@ class RocksDBStore(StateStore):
 
     def scan(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:
         assert self._db is not None
-        for key, value in self._db.items(from_key=start):
+        for key, value in cast("Iterator[tuple[bytes, bytes]]", self._db.items(from_key=start)):
             if key >= end:
                 return
             yield key, value
@@ -128,7 +135,7 @@ async def open_store(path: Path, resources: StoreResources) -> RocksDBStore:
     for attempt in range(50):
         try:
             return RocksDBStore(path, resources)
-        except Exception as error:  # noqa: BLE001 - rocksdict raises plain Exception
+        except Exception as error:
             if "lock" not in str(error).lower() or attempt == 49:
                 raise
             await asyncio.sleep(0.1)
