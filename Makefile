@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 ESK    := $(VENV)/bin/esk
 VENV_STAMP := $(VENV)/.esk-installed
 
-.PHONY: run test setup venv jars tools crash bench bench-quick clean
+.PHONY: run test lint setup venv jars tools crash bench bench-quick clean
 
 setup: venv jars
 
@@ -31,7 +31,10 @@ tools:
 run: setup
 	$(ESK) dev
 
+# The gates first (seconds), then the suite against the real broker (minutes).
 test: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 	$(PY) -m pytest -p no:cacheprovider
 
 BENCH_STAMP := $(VENV)/.esk-bench-installed
