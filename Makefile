@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 ESK    := $(VENV)/bin/esk
 VENV_STAMP := $(VENV)/.esk-installed
 
-.PHONY: run test lint setup venv jars tools crash bench bench-quick clean
+.PHONY: run test setup venv jars tools crash bench bench-quick clean
 
 setup: venv jars
 
