@@ -1,4 +1,4 @@
-"""The example domain of PRODUCT.md (a bank and a shop), written as any user's own domain
+"""The example domain of docs/product.md (a bank and a shop), written as any user's own domain
 is: with `import esk` alone. The default `ESK_DOMAIN` (`domain:AGGREGATES`) finds it when
 esk runs from this directory."""
 

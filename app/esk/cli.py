@@ -243,10 +243,10 @@ def sql(
 
 
 def read_models(settings: Settings) -> dict[str, Projection]:
-    from .projections.catalog import load_read_models
+    from .projections.catalog import configured_read_models
 
     try:
-        return load_read_models(settings.read_models)
+        return configured_read_models(settings)
     except ImportError as error:
         raise fail(f"the read models need the spark extra (pip install 'esk[spark]'): {error}") from None
     except (LookupError, TypeError, ValueError) as error:
@@ -261,7 +261,7 @@ def jars(
     from .jars import JarsError, jars_dir
 
     settings = load_settings()
-    configured = settings.broker.jars_dir if jar_set == "kafka" else settings.projections.jars_dir
+    configured = {"kafka": settings.broker.jars_dir, "spark": settings.projections.jars_dir}.get(jar_set)
     try:
         print(jars_dir(jar_set, configured))
     except JarsError as error:

@@ -15,6 +15,10 @@ Registry = dict[str, AggregateType[Any]]
 RESERVED_NAMES = frozenset({"commands", "projections"})
 
 
+class ModuleMissing(LookupError):
+    """The module a setting names is not there (as opposed to one that fails to import)."""
+
+
 def load_object(spec: str, setting: str) -> Any:
     """The attribute `spec` names; `setting` is the variable that gave it, for the errors."""
     module_name, _, attribute = spec.partition(":")
@@ -27,7 +31,7 @@ def load_object(spec: str, setting: str) -> Any:
     except ModuleNotFoundError as error:
         if error.name is None or not module_name.startswith(error.name):
             raise  # the module exists; something it imports does not
-        raise LookupError(
+        raise ModuleMissing(
             f"{setting}={spec}: no module {module_name!r} in {os.getcwd()} or on the Python path; "
             f"set {setting} to where yours are"
         ) from None

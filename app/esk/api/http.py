@@ -1,6 +1,6 @@
-"""The HTTP API of PRODUCT.md, v1: FastAPI for reads, operations and /openapi.json.
+"""The HTTP API v1 (docs/product.md): FastAPI for reads, operations and /openapi.json.
 
-Commands come in through app/api/commands.py (one ASGI endpoint per command, reached
+Commands come in through api/commands.py (one ASGI endpoint per command, reached
 through the CommandRoutes middleware); this module routes to them and documents them
 beside the FastAPI routes.
 """
@@ -134,6 +134,8 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
             ) from None
         except BadFilter as error:
             raise Problem(400, "invalid_filter", str(error)) from None
+        except (LookupError, TypeError, ValueError) as error:  # ESK_READ_MODELS names something unusable
+            raise Problem(503, "read_models_misconfigured", str(error)) from None
 
     @app.post("/v1/{type_name}/{id}/{command}", include_in_schema=False)
     async def unknown_command(type_name: str, id: str, command: str) -> Response:
@@ -196,7 +198,7 @@ _COMMAND_HEADERS = (
     ("Idempotency-Key", "The command id: a retry with the same key gets the first outcome."),
     ("Prefer", "`respond-async`: answer 202 once the command is stored, without waiting."),
     ("X-Correlation-Id", "Copied onto the events (defaults to the command id)."),
-    ("X-Causation-Id", "Copied onto the events."),
+    ("X-Causation-Id", "What caused the command (e.g. an event's id), kept with it; its events' causation is the command."),
 )
 _COMMAND_ANSWERS = {
     "200": "Accepted: the new version and the events",

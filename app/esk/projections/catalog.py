@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..registry import load_object
+from ..registry import ModuleMissing, load_object
+from ..settings import Settings
 
 if TYPE_CHECKING:
     from delta.tables import DeltaTable
@@ -66,6 +67,17 @@ class Projection:
     columns: str  # DDL, e.g. "account_id STRING, balance BIGINT"
     # (spark, table, events, aggregate types, writer) -> rows written
     apply: Callable[[SparkSession, DeltaTable, DataFrame, Registry, BatchWriter], int]
+
+
+def configured_read_models(settings: Settings) -> dict[str, Projection]:
+    """The application's read models. A project may have none: only when ESK_READ_MODELS
+    was set is a module that is not there an error; the default finds the module if it is."""
+    try:
+        return load_read_models(settings.read_models)
+    except ModuleMissing:
+        if "read_models" in settings.model_fields_set:
+            raise
+        return {}
 
 
 def load_read_models(spec: str) -> dict[str, Projection]:

@@ -8,14 +8,14 @@ from __future__ import annotations
 import argparse
 import os
 
-from esk.projections.catalog import load_read_models
+from esk.projections.catalog import configured_read_models
 from esk.projections.runner import run
 from esk.settings import Settings
 
 
 def main() -> None:
     settings = Settings()
-    read_models = load_read_models(settings.read_models)
+    read_models = configured_read_models(settings)
     parser = argparse.ArgumentParser(description="Run one esk projection under spark-submit.")
     parser.add_argument("name", choices=sorted(read_models))
     parser.add_argument("--continuous", action="store_true")

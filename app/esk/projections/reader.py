@@ -6,7 +6,7 @@ from datetime import date, datetime
 from typing import Any
 
 from ..settings import Settings
-from .catalog import ReadModel, Tables, load_read_models
+from .catalog import ReadModel, Tables, configured_read_models
 
 
 class ReadModelNotFound(LookupError):
@@ -31,7 +31,7 @@ class ReadModelRows:
 
     def model(self, name: str) -> ReadModel:
         if self._models is None:
-            self._models = {n: p.model for n, p in load_read_models(self.settings.read_models).items()}
+            self._models = {n: p.model for n, p in configured_read_models(self.settings).items()}
         try:
             return self._models[name]
         except KeyError:
