@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 ESK    := $(VENV)/bin/esk
 VENV_STAMP := $(VENV)/.esk-installed
 
-.PHONY: run test setup venv jars tools crash bench bench-quick clean
+.PHONY: run test setup venv jars tools tools-node crash bench bench-quick clean
 
 setup: venv jars
 
@@ -28,11 +28,20 @@ tools:
 	@command -v java >/dev/null 2>&1 || { echo "error: java not found: install OpenJDK 17+ (apt-get install openjdk-17-jre-headless)"; exit 1; }
 	@command -v mvn >/dev/null 2>&1 || { echo "error: mvn not found: install Maven (apt-get install maven)"; exit 1; }
 
+# The AsyncAPI validator of tests/schema/test_asyncapi.py, installed from its lock file.
+NODE_STAMP := .tools/node/.esk-installed
+tools-node: $(NODE_STAMP)
+$(NODE_STAMP): tools/asyncapi/package.json tools/asyncapi/package-lock.json
+	@command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 || { echo "error: node/npm not found: install Node.js (apt-get install nodejs npm)"; exit 1; }
+	@mkdir -p $(@D) && cp tools/asyncapi/package.json tools/asyncapi/package-lock.json $(@D)/
+	npm ci --prefix $(@D) --ignore-scripts --no-audit --no-fund --loglevel=error
+	@touch $@
+
 run: setup
 	$(ESK) dev
 
 # The gates first (seconds), then the suite against the real broker (minutes).
-test: setup
+test: setup tools-node
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -p no:cacheprovider

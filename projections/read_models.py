@@ -8,7 +8,7 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from esk.projections.catalog import BatchWriter, Projection, ReadModel
-from esk.projections.events import spark_schema
+from esk.projections.events import ENVELOPE, ddl, spark_schema
 from esk.registry import Registry
 
 RECENT_ORDERS = 30
@@ -212,9 +212,7 @@ READ_MODELS: list[Projection] = [
             order_by=("aggregate_type", "aggregate_id", "version"),
             partition_by=("aggregate_type", "day"),
         ),
-        "event_id STRING, aggregate_type STRING, aggregate_id STRING, version BIGINT, type STRING, "
-        "schema_version INT, data STRING, command_id STRING, correlation_id STRING, causation_id STRING, "
-        "recorded_at BIGINT, event_time TIMESTAMP, day DATE",
+        f"{ddl(ENVELOPE)}, event_time timestamp, day date",
         _events_archive,
     ),
 ]

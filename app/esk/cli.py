@@ -15,6 +15,7 @@ from rich.markup import escape
 from .broker import BrokerError, EmbeddedBroker
 from .kafka.topics import ensure_topics, topic_specs
 from .registry import Registry, load_registry
+from .schema.lock import LOCK_FILE, LockError, build_lock, read_lock, write_lock
 from .settings import Settings
 
 if TYPE_CHECKING:
@@ -27,6 +28,10 @@ cli.add_typer(broker_cli, name="broker")
 project_cli = typer.Typer(no_args_is_help=True, help="PySpark projections: read models in Delta Lake.")
 cli.add_typer(topics_cli, name="topics")
 cli.add_typer(project_cli, name="project")
+schema_cli = typer.Typer(no_args_is_help=True, help="The schemas of commands, events and states: the lock file CI checks.")
+cli.add_typer(schema_cli, name="schema")
+state_cli = typer.Typer(no_args_is_help=True, help="The processor's stored aggregate states.")
+cli.add_typer(state_cli, name="state")
 
 console = Console()
 err = Console(stderr=True)
@@ -266,6 +271,86 @@ def jars(
         print(jars_dir(jar_set, configured))
     except JarsError as error:
         raise fail(str(error)) from None
+
+
+LockFileOption = Annotated[Path, typer.Option("--file", help="The lock file.")]
+
+
+@schema_cli.command("lock")
+def schema_lock(file: LockFileOption = LOCK_FILE) -> None:
+    """Write the JSON Schema of every command, event and state to the lock file, for you to commit."""
+    settings = load_settings()
+    registry = domain_registry(settings)
+    try:
+        # The previous lock holds the schemas of events' earlier versions: the new one keeps them.
+        lock = build_lock(registry, read_lock(file) if file.exists() else None)
+    except LockError as error:
+        raise fail(str(error)) from None
+    try:
+        write_lock(lock, file)
+    except OSError as error:
+        raise fail(f"cannot write {file}: {error.strerror}") from None
+    commands = sum(len(a.commands) for a in lock.aggregates.values())
+    events = sum(len(a.events) for a in lock.aggregates.values())
+    console.print(f"wrote {file}: aggregate types {len(lock.aggregates)}, commands {commands}, event types {events}", highlight=False)
+
+
+@schema_cli.command("check")
+def schema_check(file: LockFileOption = LOCK_FILE) -> None:
+    """Compare the code with the lock file; exit 1 on a change that breaks stored events or HTTP clients."""
+    from .schema.check import Severity, check
+
+    settings = load_settings()
+    registry = domain_registry(settings)
+    try:
+        findings = check(registry, read_lock(file))
+    except LockError as error:
+        raise fail(str(error)) from None
+    colors = {Severity.BREAKING: "red", Severity.COMPATIBLE: "green", Severity.INFO: "blue"}
+    for severity in Severity:
+        group = [f for f in findings if f.severity is severity]
+        if group:
+            console.print(f"[{colors[severity]}]{severity}[/]:", highlight=False)
+        for finding in group:
+            console.print(f"  {escape(str(finding))}", highlight=False, soft_wrap=True)
+    breaking = sum(f.severity is Severity.BREAKING for f in findings)
+    if breaking:
+        raise fail(
+            f"{breaking} breaking {'change' if breaking == 1 else 'changes'} against {file} "
+            "(a command change meant to break clients is accepted by running `esk schema lock`)"
+        )
+    console.print(f"{file}: no breaking change" if findings else f"{file}: the code matches it", highlight=False)
+
+
+@schema_cli.command("asyncapi")
+def schema_asyncapi(
+    file: Annotated[Path | None, typer.Option("--file", help="Write it to this file instead of standard output.")] = None,
+) -> None:
+    """The AsyncAPI 3 document of the event topics: a channel per aggregate type, a message per event type."""
+    import orjson
+
+    from .schema.asyncapi import asyncapi_document
+
+    settings = load_settings()
+    text = orjson.dumps(asyncapi_document(settings, domain_registry(settings)), option=orjson.OPT_INDENT_2).decode() + "\n"
+    if file is None:
+        typer.echo(text, nl=False)
+    else:
+        file.write_text(text)
+        console.print(f"wrote {file}", highlight=False)
+
+
+@state_cli.command("unusable")
+def state_unusable() -> None:
+    """The aggregates whose events do not fold into the current state model, and why (read
+    from the changelog). Their commands are refused until a start of fixed code rebuilds them."""
+    from .processing.state_rebuild import unusable_aggregates
+
+    found = asyncio.run(unusable_aggregates(load_settings()))
+    for (aggregate_type, aggregate_id), reason in sorted(found.items()):
+        console.print(f"{aggregate_type}/{aggregate_id}: {escape(reason)}", highlight=False, soft_wrap=True)
+    if not found:
+        console.print("no unusable aggregates", highlight=False)
 
 
 def print_rows(columns: list[str], rows: list[list[Any]], output: str) -> None:

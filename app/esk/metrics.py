@@ -14,6 +14,10 @@ TRANSACTION_RECORDS = Histogram(
 )
 RESTORE_RECORDS = Counter("esk_restore_records_total", "Changelog records restored", ["role"])
 RESTORE_REMAINING = Gauge("esk_restore_remaining_records", "Changelog records left to restore", ["role", "partition"])
+REBUILT_AGGREGATES = Counter("esk_rebuilt_aggregates_total", "Aggregate states rebuilt from their events after a state model changed")
+UNUSABLE_AGGREGATES = Gauge(
+    "esk_unusable_aggregates", "Aggregates whose events could not be folded into the current state model", ["partition"]
+)
 RESTORE_RATE = Gauge("esk_restore_records_per_second", "Rate of the latest restore", ["role", "partition"])
 ACTIVE_TASKS = Gauge("esk_active_tasks", "Partitions this processor owns")
 STANDBY_TASKS = Gauge("esk_standby_tasks", "Partitions this processor keeps a warm standby copy of")

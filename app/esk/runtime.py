@@ -29,21 +29,20 @@ def run_processor(settings: Settings) -> None:
     if settings.processor.metrics_port is not None:
         start_http_server(settings.processor.metrics_port, settings.processor.metrics_host)
     with Progress(
-        TextColumn("restoring {task.description}"),
+        TextColumn("{task.description}"),
         BarColumn(),
         TextColumn("{task.completed:,.0f}/{task.total:,.0f} records  {task.fields[rate]:,.0f}/s"),
         transient=False,
     ) as bars:
-        shown: dict[int, TaskID] = {}
+        shown: dict[tuple[str, int], TaskID] = {}
 
         def show(progress: RestoreProgress) -> None:
             if progress.total == 0:
                 return
-            if progress.partition not in shown:
-                shown[progress.partition] = bars.add_task(
-                    f"partition {progress.partition}", total=progress.total, rate=0.0
-                )
-            bars.update(shown[progress.partition], completed=progress.restored, rate=progress.rate)
+            bar = progress.what, progress.partition
+            if bar not in shown:
+                shown[bar] = bars.add_task(f"{progress.what} partition {progress.partition}", total=progress.total, rate=0.0)
+            bars.update(shown[bar], completed=progress.restored, rate=progress.rate)
 
         processor = Processor(settings, registry, on_restore_progress=show)
         _freeze_startup_objects()

@@ -12,11 +12,13 @@ Nothing here knows about Kafka, HTTP or storage.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, ClassVar, Generic, TypeVar
 
+import orjson
 from pydantic import BaseModel, ConfigDict
 
 
@@ -81,6 +83,7 @@ class AggregateType(Generic[S]):
     # Derived from `events` once; frozen, so __post_init__ sets them through object.__setattr__.
     _events_by_name: Mapping[str, type[Event]] = field(init=False, repr=False, compare=False)
     _event_types: frozenset[type[Event]] = field(init=False, repr=False, compare=False)
+    _state_shape: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.name.replace("_", "").replace("-", "").isalnum():
@@ -90,6 +93,8 @@ class AggregateType(Generic[S]):
             raise ValueError(f"creating commands not among the commands: {unknown}")
         object.__setattr__(self, "_events_by_name", {e.type_name(): e for e in self.events})
         object.__setattr__(self, "_event_types", frozenset(self.events))
+        schema = orjson.dumps(self.state.model_json_schema(), option=orjson.OPT_SORT_KEYS)
+        object.__setattr__(self, "_state_shape", hashlib.sha256(schema).hexdigest()[:16])
 
     # -- commands --------------------------------------------------------------
 
@@ -142,6 +147,12 @@ class AggregateType(Generic[S]):
         return self.event_type(type_name).model_validate(self.upcast(type_name, schema_version, data))
 
     # -- state -----------------------------------------------------------------
+
+    @property
+    def state_shape(self) -> str:
+        """A fingerprint of the state model's JSON schema. Each stored state records the
+        shape that wrote it; a stored state of another shape is rebuilt from the events."""
+        return self._state_shape
 
     def expires_at(self, state: S, last_event_ms: int) -> int | None:
         """When a final aggregate's state expires, in epoch milliseconds (None: it is kept).

@@ -1,7 +1,8 @@
 """One command against one aggregate's stored state: the pure core of a StreamTask.
 
-Order of checks: expected version (G2), payload, lifecycle and domain decision. Nothing
-here touches Kafka or RocksDB, so every rule is tested without either.
+Order of checks: a state the current model can use, expected version (G2), payload,
+lifecycle and domain decision. Nothing here touches Kafka or RocksDB, so every rule is
+tested without either.
 """
 
 from __future__ import annotations
@@ -12,13 +13,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ..protocol import CommandEnvelope, EventRecord, Outcome, Status, StoredAggregate
 from ..domain.aggregate import AggregateType, Rejection
+from ..protocol import STATE_UNUSABLE, CommandEnvelope, EventRecord, Outcome, Status, StoredAggregate
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(slots=True)  # not frozen: one per command, and a frozen __init__ costs 5x
+@dataclass(slots=True)  # not frozen: one per command, and a frozen __init__ costs several times more
 class HandledCommand:
     outcome: Outcome
     aggregate: StoredAggregate | None  # the new stored state; None when nothing changed
@@ -29,17 +30,7 @@ def refusal(
     envelope: CommandEnvelope, status: Status, code: str, detail: str, version: int, now: int
 ) -> Outcome:
     """The outcome of a command that changed nothing."""
-    return Outcome(
-        command_id=envelope.command_id,
-        aggregate_type=envelope.aggregate_type,
-        aggregate_id=envelope.aggregate_id,
-        command=envelope.command,
-        status=status,
-        version=version,
-        code=code,
-        detail=detail,
-        processed_at=now,
-    )
+    return Outcome.of(envelope, status, version, processed_at=now, code=code, detail=detail)
 
 
 def handle_command(
@@ -50,6 +41,11 @@ def handle_command(
     def refuse(status: Status, code: str, detail: str) -> HandledCommand:
         return HandledCommand(refusal(envelope, status, code, detail, current, now), None, [])
 
+    if stored is not None and (stored.unusable is not None or stored.shape != aggregate_type.state_shape):
+        # A start rebuilds every state of an older shape before handling commands; what is
+        # left is an aggregate whose events do not fold into the current model.
+        reason = stored.unusable or "its state is of an older model and has not been rebuilt"
+        return refuse(Status.REJECTED, STATE_UNUSABLE, f"{aggregate_type.name} cannot be used: {reason}")
     if envelope.expect_new and stored is not None:
         return refuse(Status.PRECONDITION_FAILED, "precondition_failed", f"exists already at version {current}")
     if envelope.expected_version is not None and envelope.expected_version != current:
@@ -99,16 +95,8 @@ def handle_command(
             state=new_state.model_dump(mode="json"),
             updated_at=now,
             expires_at=aggregate_type.expires_at(new_state, now),
+            shape=aggregate_type.state_shape,
         )
-    outcome = Outcome(
-        command_id=envelope.command_id,
-        aggregate_type=envelope.aggregate_type,
-        aggregate_id=envelope.aggregate_id,
-        command=envelope.command,
-        status=Status.ACCEPTED,
-        version=version,
-        events=[e.public() for e in events],
-        processed_at=now,
-    )
+    outcome = Outcome.of(envelope, Status.ACCEPTED, version, processed_at=now, events=[e.public() for e in events])
     return HandledCommand(outcome, aggregate, events)
 

@@ -28,6 +28,7 @@ from aiokafka.structs import ConsumerRecord
 from ..kafka.topics import TopicNames
 from ..metrics import COMMANDS, DLQ_RECORDS
 from ..protocol import (
+    AGGREGATE_END,
     AGGREGATE_PREFIX,
     EXPIRY_PREFIX,
     CommandEnvelope,
@@ -166,11 +167,35 @@ class StreamTask:
         for event in handled.events:
             self._emit(events_topic, record_key, event.encode(), headers=event.headers())
         if handled.aggregate is not None:
-            self._change(aggregate_store_key, handled.aggregate.encode(), handled.aggregate.expires_at)
-            expires_before = stored.expires_at if stored is not None else None
-            if expires_before is not None and expires_before != handled.aggregate.expires_at:
-                self._index(expiry_key(expires_before, aggregate_store_key), None)
+            self._store_aggregate(aggregate_store_key, handled.aggregate, stored)
         self._record_outcome(handled.outcome, command_store_key, record_key)
+
+    def _store_aggregate(self, key: bytes, aggregate: StoredAggregate, previous: StoredAggregate | None) -> None:
+        self._change(key, aggregate.encode(), aggregate.expires_at)
+        expires_before = previous.expires_at if previous is not None else None
+        if expires_before is not None and expires_before != aggregate.expires_at:
+            self._index(expiry_key(expires_before, key), None)
+
+    # -- state rebuilds (state_rebuild.py) -------------------------------------------------
+
+    def stale_aggregates(self) -> dict[tuple[str, str], StoredAggregate]:
+        """The stored states that their type's current model did not write, or that were
+        found unusable, by (aggregate type, aggregate id). Aggregates of types that are no
+        longer registered are left alone."""
+        stale: dict[tuple[str, str], StoredAggregate] = {}
+        for key, value in self.store.scan(AGGREGATE_PREFIX, AGGREGATE_END):
+            aggregate_type, _, aggregate_id = key[len(AGGREGATE_PREFIX):].decode().partition("/")
+            definition = self.registry.get(aggregate_type)
+            if definition is None:
+                continue
+            stored = StoredAggregate.decode(value)
+            if stored.shape != definition.state_shape or stored.unusable is not None:
+                stale[aggregate_type, aggregate_id] = stored
+        return stale
+
+    def replace_state(self, aggregate_type: str, aggregate_id: str, aggregate: StoredAggregate, previous: StoredAggregate) -> None:
+        """Write a rebuilt (or unusable) state: through the changelog, like any change."""
+        self._store_aggregate(aggregate_key(aggregate_type, aggregate_id), aggregate, previous)
 
     def _record_outcome(self, outcome: Outcome, command_store_key: bytes, record_key: bytes) -> None:
         """`command_store_key`: where the outcome answers retries; `record_key`: the

@@ -4,6 +4,8 @@ Each assigned partition is one `Partition` with one explicit state:
 
     STARTING  its producer fences the previous owner (init_transactions), then its store is
               restored from the changelog; the partition is paused, its commands wait in Kafka
+    REBUILDING  states that an older state model wrote are folded again from their events
+              and written through the changelog (state_rebuild.py); still paused
     RUNNING   its StreamTask handles commands; its batches commit in the background, one
               transaction at a time, paced by `commit_spacing_ms`
     CLOSED    revoked, fenced or failed: its producer and store are closed
@@ -16,6 +18,7 @@ with it: it read the failed one's writes). A fenced one is given up: a newer own
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import time
@@ -37,6 +40,7 @@ from ..state.directory import StateDirectory
 from ..state.resources import StoreResources
 from ..state.restore import RestoreProgress, StaleStoreError, restore
 from ..state.store import RocksDBStore, open_store
+from .state_rebuild import rebuild_stale_states
 from .stream_task import StreamTask
 from .streams_producer import StreamsProducer
 
@@ -50,6 +54,7 @@ YIELD_EVERY = 64
 
 class PartitionState(Enum):
     STARTING = "starting"
+    REBUILDING = "rebuilding"
     RUNNING = "running"
     CLOSED = "closed"
 
@@ -91,7 +96,9 @@ class Partition:
         commit in flight is waited for first. `final` (before the partition closes): bring
         the group's offset up to date too. Any failure closes the partition for good."""
         async with self._commit_lock:
-            task = self.running
+            if self.task is None or self.state not in (PartitionState.RUNNING, PartitionState.REBUILDING):
+                raise RuntimeError(f"partition {self.number} is {self.state.value}")
+            task = self.task
             with_group_offset = self.group_offset_due() or (final and self.group_offset != task.next_offset)
             if not task.has_pending and not with_group_offset:
                 return
@@ -343,9 +350,13 @@ class TaskManager:
             partition.task = StreamTask(
                 number, self.topics, self.registry, store, start, dedup_window_ms=self.settings.processor.dedup_window_s * 1000
             )
+            partition.state = PartitionState.REBUILDING
+            reader = functools.partial(committed_reader, self.settings, f"{self.group_id}-rebuild-{number}")
+            await rebuild_stale_states(partition.task, reader, partition.commit, self._progress)
             partition.state = PartitionState.RUNNING
             return partition
         except BaseException:
+            partition.state = PartitionState.CLOSED
             if store is not None:
                 store.close()
             await partition.producer.stop()
@@ -375,8 +386,9 @@ class TaskManager:
             await reader.stop()
 
     def _progress(self, progress: RestoreProgress) -> None:
-        self.restores[progress.partition] = progress
-        labels = ("processor", str(progress.partition))
+        if progress.what == "restoring":
+            self.restores[progress.partition] = progress
+        labels = ("processor" if progress.what == "restoring" else progress.what, str(progress.partition))
         RESTORE_REMAINING.labels(*labels).set(max(progress.total - progress.restored, 0))
         RESTORE_RATE.labels(*labels).set(progress.rate)
         if self.on_restore_progress is not None:

@@ -13,6 +13,7 @@ import typing
 from functools import lru_cache
 from typing import Any
 
+import msgspec
 import orjson
 from pydantic import BaseModel
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -30,24 +31,9 @@ from pyspark.sql.types import (
 )
 
 from ..kafka.topics import TopicNames
+from ..protocol import EventRecord
 from ..registry import Registry, load_registry
 from ..settings import Settings
-
-ENVELOPE = StructType(
-    [
-        StructField("event_id", StringType()),
-        StructField("aggregate_type", StringType()),
-        StructField("aggregate_id", StringType()),
-        StructField("version", LongType()),
-        StructField("type", StringType()),
-        StructField("schema_version", IntegerType()),
-        StructField("data", StringType()),  # the raw JSON object: decoded per event type
-        StructField("command_id", StringType()),
-        StructField("correlation_id", StringType()),
-        StructField("causation_id", StringType()),
-        StructField("recorded_at", LongType()),
-    ]
-)
 
 
 def spark_type(annotation: Any) -> DataType:
@@ -70,6 +56,23 @@ def spark_type(annotation: Any) -> DataType:
 
 def spark_schema(model: type[BaseModel]) -> StructType:
     return StructType([StructField(name, spark_type(field.annotation)) for name, field in model.model_fields.items()])
+
+
+def _envelope_type(name: str, annotation: Any) -> DataType:
+    if name == "schema_version":
+        return IntegerType()  # not spark_type's bigint: the archive tables already written hold an int
+    if typing.get_origin(annotation) is dict:
+        return StringType()  # the raw JSON object: decoded per event type
+    return spark_type(annotation)
+
+
+# An event record's fields, as Spark reads them from the topic's JSON.
+ENVELOPE = StructType([StructField(f.name, _envelope_type(f.name, f.type)) for f in msgspec.structs.fields(EventRecord)])
+
+
+def ddl(schema: StructType) -> str:
+    """`schema`'s columns as a DDL column list, e.g. "event_id string, version bigint"."""
+    return ", ".join(f"{column.name} {column.dataType.simpleString()}" for column in schema.fields)
 
 
 def kafka_source_options(settings: Settings) -> dict[str, str]:
@@ -128,14 +131,6 @@ def decode(raw: DataFrame, settings: Settings, categories: tuple[str, ...]) -> D
     )
 
 
-def typed(events: DataFrame, registry: Registry, aggregate_type: str, event_type: str) -> DataFrame:
-    """The events of one type, with their payload decoded into the struct column `event`."""
-    model = registry[aggregate_type].event_type(event_type)
-    return events.filter(
-        (F.col("aggregate_type") == aggregate_type) & (F.col("type") == event_type)
-    ).withColumn("event", F.from_json(F.col("data"), spark_schema(model)))
-
-
 def _upcast(registry: Registry, categories: tuple[str, ...], domain: str) -> Column:
     current = {
         f"{name}/{event.type_name()}": event.schema_version
@@ -145,7 +140,7 @@ def _upcast(registry: Registry, categories: tuple[str, ...], domain: str) -> Col
     current_version = F.create_map(*[x for k, v in current.items() for x in (F.lit(k), F.lit(v))])
     older = F.col("schema_version") < current_version[F.concat_ws("/", "aggregate_type", "type")]
 
-    @F.udf(StringType())  # type: ignore[misc]
+    @F.udf(StringType())
     def upcast(aggregate_type: str, type_name: str, schema_version: int, data: str) -> str:
         aggregate = _worker_registry(domain)[aggregate_type]
         return orjson.dumps(aggregate.upcast(type_name, schema_version, orjson.loads(data))).decode()

@@ -26,12 +26,15 @@ WRITE_BATCH_RECORDS = 10_000
 
 @dataclass
 class RestoreProgress:
+    """How far a restore (or a rebuild: `what`) of one partition's store has come."""
+
     partition: int
     start_offset: int = 0
     end_offset: int = 0
     restored: int = 0
     started: float = field(default_factory=time.monotonic)
     finished: float | None = None
+    what: str = "restoring"
 
     @property
     def total(self) -> int:

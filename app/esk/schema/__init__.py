@@ -1,0 +1,1 @@
+"""Persisted schemas: the lock file and its check, and the AsyncAPI contract of the event topics."""

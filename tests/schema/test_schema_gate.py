@@ -1,0 +1,512 @@
+"""The schema gate: `esk schema lock` and `esk schema check` on small aggregate types built
+here, on the example domain against the committed lock file, and end to end on a user
+project. No Kafka."""
+
+from __future__ import annotations
+
+import datetime
+import enum
+import os
+import subprocess
+import sys
+import textwrap
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from pydantic import BaseModel, Field
+
+from esk import AggregateType, Command, Event
+from esk.registry import Registry, load_registry
+from esk.schema.check import Finding, Severity, check
+from esk.schema.examples import from_schema
+from esk.schema.lock import LockError, build_lock, dumps, read_lock, write_lock
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+# -- a small aggregate type, as locked ------------------------------------------------
+
+
+class Open(Command):
+    owner: str = Field(min_length=1, max_length=100)
+
+
+class Deposit(Command):
+    amount: int = Field(gt=0, le=1000)
+    note: str | None = None
+
+
+class Opened(Event):
+    owner: str
+
+
+class Deposited(Event):
+    amount: int
+
+
+class Wallet(BaseModel):
+    owner: str
+    balance: int = 0
+
+
+Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+def wallets(
+    commands: Mapping[str, type[Command]] | None = None,
+    events: Sequence[type[Event]] = (Opened, Deposited),
+    state: type[BaseModel] = Wallet,
+    upcasters: Mapping[tuple[str, int], Upcaster] | None = None,
+) -> Registry:
+    """A registry of one aggregate type, `wallets`, as locked unless told otherwise."""
+    aggregate: AggregateType[Any] = AggregateType(
+        name="wallets",
+        state=state,
+        commands={"open": Open, "deposit": Deposit} if commands is None else commands,
+        events=list(events),
+        decide=lambda _state, _command: [],
+        evolve=lambda state, _event: state,
+        creates=frozenset(),
+        upcasters=upcasters or {},
+    )
+    return {"wallets": aggregate}
+
+
+LOCKED = build_lock(wallets())
+
+
+def of(severity: Severity, findings: list[Finding]) -> list[Finding]:
+    return [f for f in findings if f.severity is severity]
+
+
+def only(severity: Severity, findings: list[Finding]) -> Finding:
+    """The one finding of `severity`, when every finding is of it."""
+    assert [f.severity for f in findings] == [severity], findings
+    return findings[0]
+
+
+def test_unchanged_code_has_no_findings() -> None:
+    assert check(wallets(), LOCKED) == []
+
+
+# -- events -----------------------------------------------------------------------------
+
+
+def test_an_event_field_added_without_a_version_bump_is_breaking() -> None:
+    class Deposited(Event):
+        amount: int
+        currency: str
+
+    finding = only(Severity.BREAKING, check(wallets(events=[Opened, Deposited]), LOCKED))
+    assert (finding.aggregate, finding.subject, finding.name, finding.path) == ("wallets", "event", "Deposited", "currency")
+    assert str(finding) == (
+        "wallets event Deposited: new required field `currency`, but schema_version is still 1: "
+        "bump it to 2 and add an upcaster from v1"
+    )
+
+
+def test_a_version_bump_with_an_upcaster_passes_and_is_reported() -> None:
+    class Deposited(Event):
+        schema_version = 2
+        amount: int
+        currency: str
+
+    registry = wallets(events=[Opened, Deposited], upcasters={("Deposited", 1): lambda d: {**d, "currency": "EUR"}})
+    finding = only(Severity.COMPATIBLE, check(registry, LOCKED))
+    assert finding.name == "Deposited"
+    assert "schema_version 1 -> 2" in str(finding)
+
+
+def test_an_upcaster_that_forgets_a_field_is_breaking_and_shows_the_payload() -> None:
+    class Deposited(Event):
+        schema_version = 2
+        amount: int
+        currency: str
+
+    registry = wallets(events=[Opened, Deposited], upcasters={("Deposited", 1): lambda d: {**d, "amount": d["amount"] * 100}})
+    finding = only(Severity.BREAKING, check(registry, LOCKED))
+    assert (finding.name, finding.path) == ("Deposited", "currency")
+    assert 'the upcasters turn the v1 payload {"amount": 0} into one the v2 model refuses (field `currency`: Field required)' in str(finding)
+
+
+def test_the_upcasters_are_run_not_trusted() -> None:
+    """Every locked payload has a currency, but only some amounts fit the narrower v2 model."""
+
+    class Deposited(Event):
+        schema_version = 2
+        amount: int = Field(ge=0, le=500)
+
+    registry = wallets(events=[Opened, Deposited], upcasters={("Deposited", 1): lambda d: d})
+    finding = only(Severity.BREAKING, check(registry, LOCKED))
+    assert finding.path == "amount"
+    assert "field `amount`: Input should be" in str(finding)
+
+
+def test_an_upcaster_that_raises_is_breaking() -> None:
+    class Opened(Event):
+        schema_version = 2
+        owner: str
+
+    def upcast(data: dict[str, Any]) -> dict[str, Any]:
+        return {"owner": data["name"]}  # v1 said `owner` already
+
+    finding = only(Severity.BREAKING, check(wallets(events=[Opened, Deposited], upcasters={("Opened", 1): upcast}), LOCKED))
+    assert "the upcaster raised KeyError: 'name'" in str(finding)
+
+
+def test_a_version_bump_without_an_upcaster_is_breaking() -> None:
+    class Deposited(Event):
+        schema_version = 2
+        amount: int
+
+    finding = only(Severity.BREAKING, check(wallets(events=[Opened, Deposited]), LOCKED))
+    assert "no upcaster from v1" in str(finding) and "upcasters[('Deposited', 1)]" in str(finding)
+
+
+def test_a_removed_event_type_is_breaking() -> None:
+    finding = only(Severity.BREAKING, check(wallets(events=[Opened]), LOCKED))
+    assert (finding.subject, finding.name) == ("event", "Deposited")
+    assert "could no longer be read" in str(finding)
+
+
+def test_a_new_event_type_is_compatible() -> None:
+    class Closed(Event):
+        pass
+
+    finding = only(Severity.COMPATIBLE, check(wallets(events=[Opened, Deposited, Closed]), LOCKED))
+    assert str(finding) == "wallets event Closed: new event type"
+
+
+def test_a_schema_version_going_back_is_breaking() -> None:
+    class Deposited(Event):
+        schema_version = 2
+        amount: int
+
+    locked = build_lock(wallets(events=[Opened, Deposited], upcasters={("Deposited", 1): lambda d: d}))
+    finding = only(Severity.BREAKING, check(wallets(), locked))
+    assert "schema_version went back from 2 to 1" in str(finding)
+
+
+def test_annotations_and_renamed_nested_models_are_not_shape_changes() -> None:
+    class Line(BaseModel):
+        sku: str
+
+    class Item(BaseModel):
+        """The same shape under another name."""
+
+        sku: str = Field(description="stock keeping unit")
+
+    class Shipped(Event):
+        lines: list[Line]
+
+    class Renamed(Event):
+        """Documented now."""
+
+        lines: list[Item]
+
+    Renamed.__name__ = "Shipped"  # the event type is its name: the same event type, documented
+    locked = build_lock(wallets(events=[Opened, Deposited, Shipped]))
+    assert check(wallets(events=[Opened, Deposited, Renamed]), locked) == []
+
+
+def test_older_versions_stay_locked_and_are_checked_again() -> None:
+    class Deposited(Event):
+        schema_version = 2
+        amount: int
+        currency: str
+
+    good = wallets(events=[Opened, Deposited], upcasters={("Deposited", 1): lambda d: {**d, "currency": "EUR"}})
+    relocked = build_lock(good, previous=LOCKED)
+    assert relocked.aggregates["wallets"].events["Deposited"].older_versions == {1: LOCKED.aggregates["wallets"].events["Deposited"].schema}
+    assert check(good, relocked) == []
+
+    broken = wallets(events=[Opened, Deposited], upcasters={("Deposited", 1): lambda d: d})
+    finding = only(Severity.BREAKING, check(broken, relocked))
+    assert "v1 payload" in str(finding) and finding.path == "currency"
+
+
+def test_a_locked_schema_no_payloads_can_be_drawn_for_fails_closed() -> None:
+    class Unusual(Event):
+        amount: int = Field(json_schema_extra={"not": {"const": 13}})
+
+    class Deposited(Event):
+        schema_version = 2
+        amount: int
+
+    Unusual.__name__ = "Deposited"
+    locked = build_lock(wallets(events=[Opened, Unusual]))
+    registry = wallets(events=[Opened, Deposited], upcasters={("Deposited", 1): lambda d: d})
+    finding = only(Severity.BREAKING, check(registry, locked))
+    assert "could not be checked" in str(finding) and "'not'" in str(finding)
+
+
+# -- commands ---------------------------------------------------------------------------
+
+
+def test_a_new_required_command_field_is_breaking() -> None:
+    class Deposit(Command):
+        amount: int = Field(gt=0, le=1000)
+        note: str | None = None
+        currency: str
+
+    finding = only(Severity.BREAKING, check(wallets(commands={"open": Open, "deposit": Deposit}), LOCKED))
+    assert (finding.subject, finding.name, finding.path) == ("command", "deposit", "currency")
+    assert str(finding) == "wallets command deposit: new required field `currency`: existing clients do not send it"
+
+
+def test_a_new_optional_command_field_is_compatible_and_reported() -> None:
+    class Deposit(Command):
+        amount: int = Field(gt=0, le=1000)
+        note: str | None = None
+        reference: str | None = None
+
+    finding = only(Severity.COMPATIBLE, check(wallets(commands={"open": Open, "deposit": Deposit}), LOCKED))
+    assert str(finding) == "wallets command deposit: new optional field `reference`"
+
+
+class Lowered(Command):
+    amount: int = Field(gt=0, le=100)
+    note: str | None = None
+
+
+class Enumerated(Command):
+    amount: int = Field(gt=0, le=1000)
+    note: Literal["gift", "salary"] | None = None
+
+
+class NoteRequired(Command):
+    amount: int = Field(gt=0, le=1000)
+    note: str
+
+
+class NoteRemoved(Command):
+    amount: int = Field(gt=0, le=1000)
+
+
+@pytest.mark.parametrize(
+    ("deposit", "path", "words"),
+    [
+        (Lowered, "amount", "existing clients may send values it refuses"),
+        (Enumerated, "note", "existing clients may send values it refuses"),
+        (NoteRequired, "note", "is now required"),
+        (NoteRemoved, "note", "removed: existing clients that send it are refused"),
+    ],
+    ids=["smaller maximum", "str to Literal", "optional to required", "removed"],
+)
+def test_a_narrowed_command_is_breaking(deposit: type[Command], path: str, words: str) -> None:
+    findings = of(Severity.BREAKING, check(wallets(commands={"open": Open, "deposit": deposit}), LOCKED))
+    assert findings and {f.path for f in findings} == {path}, findings
+    assert any(words in str(f) for f in findings), findings
+    assert all(str(f).startswith(f"wallets command deposit: field `{path}`") for f in findings), findings
+
+
+def test_a_narrowed_field_of_a_nested_model_is_named() -> None:
+    class Line(BaseModel):
+        qty: int = Field(gt=0, le=100)
+
+    class Order(Command):
+        lines: list[Line]
+
+    class Smaller(BaseModel):
+        qty: int = Field(gt=0, le=10)
+
+    class Reorder(Command):
+        lines: list[Smaller]
+
+    locked = build_lock(wallets(commands={"order": Order}))
+    finding = only(Severity.BREAKING, check(wallets(commands={"order": Reorder}), locked))
+    assert finding.path == "lines[].qty"
+    assert '{"exclusiveMinimum":0,"maximum":100,"type":"integer"} to {"exclusiveMinimum":0,"maximum":10,"type":"integer"}' in str(finding)
+
+
+def test_a_widened_command_field_is_compatible() -> None:
+    class Deposit(Command):
+        amount: int = Field(gt=0, le=10**6)
+        note: str | None = None
+
+    finding = only(Severity.COMPATIBLE, check(wallets(commands={"open": Open, "deposit": Deposit}), LOCKED))
+    assert finding.path == "amount" and "accepting every value it did" in str(finding)
+
+
+def test_a_new_command_is_compatible_and_a_removed_one_breaking() -> None:
+    class Close(Command):
+        pass
+
+    findings = check(wallets(commands={"open": Open, "close": Close}), LOCKED)
+    assert [(f.severity, f.name, str(f)) for f in findings] == [
+        (Severity.BREAKING, "deposit", "wallets command deposit: removed: existing clients that send it get 404"),
+        (Severity.COMPATIBLE, "close", "wallets command close: new command"),
+    ]
+
+
+# -- state and aggregate types ------------------------------------------------------
+
+
+def test_a_changed_state_is_information_only() -> None:
+    class Wallet(BaseModel):
+        owner: str
+        balance: int = 0
+        frozen: bool = False
+
+    finding = only(Severity.INFO, check(wallets(state=Wallet), LOCKED))
+    assert str(finding) == "wallets state changed: stored aggregates will be rebuilt from their events (`frozen`)"
+
+
+def test_a_removed_aggregate_type_is_breaking_and_a_new_one_compatible() -> None:
+    renamed = {"purses": wallets()["wallets"]}
+    findings = check(renamed, LOCKED)
+    assert [(f.severity, f.aggregate, f.subject) for f in findings] == [
+        (Severity.BREAKING, "wallets", "aggregate"),
+        (Severity.COMPATIBLE, "purses", "aggregate"),
+    ]
+
+
+# -- the lock file ----------------------------------------------------------------------
+
+
+def test_the_lock_file_round_trips_with_sorted_keys(tmp_path: Path) -> None:
+    path = tmp_path / "esk.lock.json"
+    write_lock(LOCKED, path)
+    assert read_lock(path) == LOCKED
+    text = path.read_text(encoding="utf-8")
+    assert text == dumps(build_lock(wallets())), "the same code writes the same file"
+    assert text.index('"commands"') < text.index('"events"') < text.index('"state"')
+
+
+def test_a_missing_or_broken_lock_file_says_what_to_do(tmp_path: Path) -> None:
+    with pytest.raises(LockError, match=r"no lock file .*: run `esk schema lock` to write it"):
+        read_lock(tmp_path / "esk.lock.json")
+    (tmp_path / "esk.lock.json").write_text('{"format": 1}', encoding="utf-8")
+    with pytest.raises(LockError, match="is not an esk lock file"):
+        read_lock(tmp_path / "esk.lock.json")
+
+
+# -- the payloads the upcasters are run on --------------------------------------------
+
+
+class Colour(enum.Enum):
+    RED = "red"
+    BLUE = "blue"
+
+
+class Node(BaseModel):
+    name: str
+    children: list[Node] = []
+
+
+class Cat(BaseModel):
+    kind: Literal["cat"]
+    lives: int = Field(ge=0, le=9)
+
+
+class Dog(BaseModel):
+    kind: Literal["dog"]
+
+
+class Everything(Event):
+    at: datetime.datetime
+    day: datetime.date
+    id: uuid.UUID
+    ratio: float = Field(gt=0, lt=1)
+    tags: dict[str, int] = Field(default_factory=dict)
+    pair: tuple[int, str] | None = None
+    colour: Colour = Colour.RED
+    code: str = Field(pattern=r"^[A-Z]{3}-\d{2}$")
+    short: str = Field(min_length=3, max_length=5)
+    tree: Node | None = None
+    step: int = Field(multiple_of=5, gt=-12, le=100)
+    unique: set[int] = Field(default_factory=set)
+    pet: Annotated[Cat | Dog, Field(discriminator="kind")]
+    anything: object = None
+
+
+@settings(max_examples=300, derandomize=True, database=None, deadline=None, suppress_health_check=list(HealthCheck))
+@given(from_schema(Everything.model_json_schema()))
+def test_generated_payloads_are_valid_for_the_model_they_come_from(payload: dict[str, Any]) -> None:
+    """A payload the locked model would refuse would blame an innocent upcaster."""
+    Everything.model_validate(payload)
+
+
+# -- the example domain against the committed lock file ------------------------------
+
+
+def test_the_example_domain_matches_the_committed_lock_file() -> None:
+    """`make test` fails when the example's events or commands change in a way that breaks
+    stored events or HTTP clients; after a deliberate change, `esk schema lock` and commit."""
+    findings = check(load_registry("domain:AGGREGATES"), read_lock(ROOT / "esk.lock.json"))
+    assert of(Severity.BREAKING, findings) == [], "\n".join(map(str, findings))
+
+
+# -- the command line, end to end ---------------------------------------------------------
+
+V1 = """
+    from esk import AggregateType, Command, Event
+    from pydantic import BaseModel
+
+    class Open(Command):
+        owner: str
+
+    class Opened(Event):
+        owner: str
+
+    class Till(BaseModel):
+        owner: str
+
+    tills = AggregateType(
+        name="tills", state=Till, commands={"open": Open}, creates=frozenset({Open}), events=[Opened],
+        decide=lambda state, command: [Opened(owner=command.owner)], evolve=lambda state, event: Till(owner=event.owner),
+    )
+    AGGREGATES = [tills]
+"""
+
+
+def esk(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "ESK_DOMAIN": "shop:AGGREGATES"}
+    return subprocess.run([sys.executable, "-m", "esk", "schema", *args], cwd=project, env=env, capture_output=True, text=True, timeout=120)
+
+
+def write_domain(project: Path, source: str) -> None:
+    (project / "shop.py").write_text(textwrap.dedent(source), encoding="utf-8")
+
+
+def test_the_command_line_locks_and_checks(tmp_path: Path) -> None:
+    write_domain(tmp_path, V1)
+    missing = esk(tmp_path, "check")
+    assert missing.returncode == 1
+    assert missing.stderr.strip() == "error: no lock file esk.lock.json: run `esk schema lock` to write it, and commit it"
+
+    locked = esk(tmp_path, "lock")
+    assert locked.returncode == 0, locked.stderr
+    assert (tmp_path / "esk.lock.json").exists()
+    unchanged = esk(tmp_path, "check")
+    assert (unchanged.returncode, unchanged.stdout.strip()) == (0, "esk.lock.json: the code matches it")
+
+    # The event changes, and nothing else does: the gate names it.
+    write_domain(tmp_path, V1.replace("class Opened(Event):\n        owner: str", "class Opened(Event):\n        owner: str\n        currency: str"))
+    changed = esk(tmp_path, "check")
+    assert changed.returncode == 1
+    assert "tills event Opened: new required field `currency`, but schema_version is still 1" in changed.stdout
+    assert "1 breaking change against esk.lock.json" in changed.stderr
+
+    # A new schema_version and an upcaster from v1: the gate passes, and says why.
+    write_domain(tmp_path, V1.replace(
+        "class Opened(Event):\n        owner: str",
+        "class Opened(Event):\n        schema_version = 2\n        owner: str\n        currency: str",
+    ).replace("events=[Opened],", 'events=[Opened], upcasters={("Opened", 1): lambda data: {**data, "currency": "EUR"}},'))
+    upcast = esk(tmp_path, "check")
+    assert upcast.returncode == 0, upcast.stdout + upcast.stderr
+    assert "compatible:\n  tills event Opened: schema_version 1 -> 2" in upcast.stdout
+
+
+def test_the_command_line_writes_where_it_is_told(tmp_path: Path) -> None:
+    write_domain(tmp_path, V1)
+    no_folder = esk(tmp_path, "lock", "--file", "schemas/lock.json")
+    assert no_folder.returncode == 1
+    assert no_folder.stderr.startswith("error: cannot write schemas/lock.json: No such file or directory")
+    (tmp_path / "schemas").mkdir()
+    assert esk(tmp_path, "lock", "--file", "schemas/lock.json").returncode == 0
+    assert esk(tmp_path, "check", "--file", "schemas/lock.json").returncode == 0
