@@ -9,7 +9,7 @@ OPENED = Opened(owner="ada")
 
 def test_open_a_new_account() -> None:
     state = given(accounts).when(Open(owner="ada")).then(Opened(owner="ada"))
-    assert state == Account(owner="ada", balance=0, status="open")
+    assert state == Account(owner="ada", movements=0, balance=0, status="open")
 
 
 def test_open_twice_is_already_exists() -> None:
@@ -66,10 +66,10 @@ def test_opened_v1_is_upcast_to_v2() -> None:
 
 def test_state_is_the_fold_of_the_events() -> None:
     events = [OPENED, Deposited(amount=5), Deposited(amount=7), Withdrawn(amount=2)]
-    assert accounts.fold(events) == Account(owner="ada", balance=10)
+    assert accounts.fold(events) == Account(owner="ada", movements=3, balance=10)
 
 
 def test_a_closed_account_expires_after_its_retention() -> None:
     at = 1_767_225_600_000  # 2026-01-01, epoch milliseconds
-    assert accounts.expires_at(Account(owner="a"), at) is None
-    assert accounts.expires_at(Account(owner="a", status="closed"), at) == at + 30 * 24 * 3600 * 1000
+    assert accounts.expires_at(Account(owner="a", movements=0), at) is None
+    assert accounts.expires_at(Account(owner="a", movements=0, status="closed"), at) == at + 30 * 24 * 3600 * 1000
