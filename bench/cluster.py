@@ -5,6 +5,7 @@ applications (their own topics) on a running broker."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import shutil
 import signal
@@ -13,7 +14,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -162,7 +163,7 @@ class Cluster:
             if not process.alive:
                 process.start()
         for api in (p for p in self.processes if p.role == "api"):
-            wait_until(lambda api=api: api_ready(api.url), timeout_s, f"{api.name} to be ready")
+            wait_until(functools.partial(api_ready, api.url), timeout_s, f"{api.name} to be ready")
         processors = [p for p in self.processes if p.role == "processor"]
         partitions = self.settings.topics.partitions
         wait_until(lambda: sum(p.metric("esk_active_tasks") or 0 for p in processors) >= partitions * bool(processors),
@@ -190,7 +191,7 @@ def api_ready(api_url: str) -> bool:
         return False
 
 
-def wait_until(predicate, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
+def wait_until(predicate: Callable[[], object], timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
     while not predicate():
         if time.monotonic() > deadline:

@@ -126,7 +126,7 @@ async def verify(settings: Settings, api_url: str, acknowledged: set[str], timeo
                 accounts_type.decode_event(e["type"], e["schema_version"], e["data"]) for e in events
             )
             served = await client.get(f"/v1/accounts/{account}", params={"min_version": len(events)})
-            if served.status_code != 200 or served.json()["state"] != folded.model_dump():  # type: ignore[union-attr]
+            if folded is None or served.status_code != 200 or served.json()["state"] != folded.model_dump():
                 verdict.state_mismatches += 1
                 verdict.notes.append(f"{account}: served {served.text[:200]} != folded {folded}")
     verdict.dlq = len(await read_committed(settings, names.dlq))

@@ -145,7 +145,7 @@ class _Connection(asyncio.Protocol):
         self._answer: asyncio.Future[int] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = transport  # type: ignore[assignment]  # asyncio hands the base type; create_connection made a socket transport
 
     def connection_lost(self, error: Exception | None) -> None:
         self.open = False

@@ -171,7 +171,9 @@ def _customer_recent_orders(spark: SparkSession, table: DeltaTable, events: Data
 
 def _events_archive(spark: SparkSession, table: DeltaTable, events: DataFrame, registry: Registry, writer: BatchWriter) -> int:
     rows = events.drop("kafka_partition", "kafka_offset")
-    location = table.detail().first()["location"]  # type: ignore[index]
+    detail = table.detail().first()
+    assert detail is not None, "a Delta table always has its detail row"
+    location = detail["location"]
     writer.run(
         "append",
         lambda: rows.write.format("delta")

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 
 from prometheus_client import start_http_server
 from rich.progress import BarColumn, Progress, TaskID, TextColumn
@@ -49,7 +50,7 @@ def run_processor(settings: Settings) -> None:
         asyncio.run(_until_signalled(processor.run))
 
 
-async def _until_signalled(main) -> None:  # type: ignore[no-untyped-def]
+async def _until_signalled(main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -96,7 +96,7 @@ def plan(partitions: Iterable[int], members: Mapping[str, MemberState], standby_
     return result
 
 
-class StandbyAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
+class StandbyAssignor(AbstractPartitionAssignor):  # type: ignore[misc]  # aiokafka ships no type hints: its base is Any
     """aiokafka's side of `plan`. aiokafka calls these on the instance it was given."""
 
     name = "esk-standby"

@@ -122,7 +122,7 @@ class RocksDBStore(StateStore):
             self._meta.close()
         if self._db is not None:
             self._db.close()
-        self._meta = self._db = self._meta_handle = None  # type: ignore[assignment]
+        self._meta = self._db = None
 
     @staticmethod
     def destroy(path: Path) -> None:
