@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 ESK    := $(VENV)/bin/esk
 VENV_STAMP := $(VENV)/.esk-installed
 
-.PHONY: run test setup venv jars tools tools-node crash bench bench-quick clean
+.PHONY: run test setup venv jars tools tools-node tools-postgres crash bench bench-quick clean
 
 setup: venv jars
 
@@ -37,11 +37,24 @@ $(NODE_STAMP): tools/asyncapi/package.json tools/asyncapi/package-lock.json
 	npm ci --prefix $(@D) --ignore-scripts --no-audit --no-fund --loglevel=error
 	@touch $@
 
+# The PostgreSQL server binaries for tests/postgres.py, which runs a cluster of its own on a
+# free port: the one Debian's package may create and start on 5432 is never used. Both
+# binaries must come from one version directory, as tests/postgres.py takes them.
+PG_FOUND := for d in /usr/lib/postgresql/*/bin; do test -x "$$d/initdb" && test -x "$$d/pg_ctl" && exit 0; done; exit 1
+tools-postgres:
+	@( $(PG_FOUND) ) && exit 0; \
+	test "$$(id -u)" = 0 || { echo "error: PostgreSQL server not found: install it as root (apt-get install --no-install-recommends postgresql)"; exit 1; }; \
+	export DEBIAN_FRONTEND=noninteractive; \
+	apt-get install -y -q --no-install-recommends postgresql \
+	  || { apt-get update -q && apt-get install -y -q --no-install-recommends postgresql; } \
+	  || { echo "error: apt-get could not install postgresql"; exit 1; }; \
+	( $(PG_FOUND) ) || { echo "error: postgresql installed but no /usr/lib/postgresql/*/bin/initdb and pg_ctl"; exit 1; }
+
 run: setup
 	$(ESK) dev
 
 # The gates first (seconds), then the suite against the real broker (minutes).
-test: setup tools-node
+test: setup tools-node tools-postgres
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -p no:cacheprovider

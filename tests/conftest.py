@@ -1,5 +1,7 @@
 """The suite starts one real Kafka broker (KRaft, its jars from esk's jar cache) on free ports and
-stops it at the end. Each test that needs topics gets an application name of its own."""
+stops it at the end. Each test that needs topics gets an application name of its own. Tests that
+ask for `postgres_dsn` get a database of their own on a real PostgreSQL server the suite starts
+(on first use only) and stops the same way."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import pytest
 from esk.broker import EmbeddedBroker
 from esk.broker.ports import free_port_pair
 from esk.settings import BrokerSettings, Settings
+from tests.postgres import PostgresServer
 
 
 @pytest.fixture(scope="session")
@@ -35,3 +38,22 @@ def settings(broker: EmbeddedBroker, tmp_path: Path) -> Settings:
         api={"state_dir": tmp_path / "api", "port": 0},
         _env_file=None,
     )
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """The suite's PostgreSQL server; started by the first test that asks for it, so a run
+    without such tests never pays for initdb."""
+    server = PostgresServer()
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def postgres_dsn(postgres: PostgresServer) -> Iterator[str]:
+    """A fresh database for one test, dropped after it: tests share the server, never tables."""
+    name = f"t_{uuid.uuid4().hex}"
+    dsn = postgres.create_database(name)
+    yield dsn
+    postgres.drop_database(name)
