@@ -153,6 +153,23 @@ async def restarts(settings: Settings, processor: EskProcess, partitions: int, a
     report.add("W3", "esk full restore rate", restored / lost.ready_s, "records/s")
     processor.stop()
 
+    # A release that changed the accounts state model: every account is rebuilt from its events.
+    domain = processor.env["ESK_DOMAIN"]
+    processor.env["ESK_DOMAIN"] = "bench.changed_domain:AGGREGATES"
+    try:
+        changed = await timed("changed state model")
+        rebuilt = processor.metric("esk_rebuild_events_total") or 0
+        assert changed.ready_s is not None
+        report.add("W3", "esk ready after the state model changed", changed.ready_s, "s",
+                   f"{processor.metric('esk_rebuilt_aggregates_total') or 0:,.0f} states rebuilt from {rebuilt:,.0f} events")
+        report.add("W3", REBUILD_RATE, rebuilt / changed.ready_s, "events/s")
+    finally:
+        processor.stop()
+        processor.env["ESK_DOMAIN"] = domain
+
+
+REBUILD_RATE = "esk rebuild rate after a state model changed"
+
 
 def w3_outputs_row(system: str, after: str) -> str:
     return f"{system} outputs of new commands after {after}"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from bench import ceilings, http_e2e, peer, projection
+from bench import ceilings, http_e2e, measure, peer, projection
 from bench.cluster import Cluster, run_harness, scratch_broker, scratch_settings
 from bench.http_e2e import W2Sizes
 from bench.measure import drain, histogram_quantile, restarts, w3_outputs_row
@@ -127,6 +127,8 @@ def ratios(report: Report, budget_mb: int) -> list[tuple[str, float | None, str]
         quix_s = report.get("W3", w3_outputs_row(peer.SYSTEM, after))
         out.append((f"W3 esk / Quix Streams, restart after {after} (Quix s / esk s)",
                     quix_s / esk_s if esk_s and quix_s else None, "none set"))
+    rebuild, restore = report.get("W3", measure.REBUILD_RATE), report.get("W3", "esk full restore rate")
+    out.append(("W3 esk rebuild events/s / full restore records/s", rebuild / restore if rebuild and restore else None, ">= 1"))
     rss = report.get("W5", "esk processor max RSS")
     over = rss - budget_mb if rss is not None else None
     return [

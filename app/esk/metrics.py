@@ -14,6 +14,7 @@ TRANSACTION_RECORDS = Histogram(
 )
 RESTORE_RECORDS = Counter("esk_restore_records_total", "Changelog records restored", ["role"])
 RESTORE_REMAINING = Gauge("esk_restore_remaining_records", "Changelog records left to restore", ["role", "partition"])
+REBUILD_EVENTS = Counter("esk_rebuild_events_total", "Events read to rebuild aggregate states after a state model changed")
 REBUILT_AGGREGATES = Counter("esk_rebuilt_aggregates_total", "Aggregate states rebuilt from their events after a state model changed")
 UNUSABLE_AGGREGATES = Gauge(
     "esk_unusable_aggregates", "Aggregates whose events could not be folded into the current state model", ["partition"]

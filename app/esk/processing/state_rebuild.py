@@ -31,7 +31,7 @@ from pydantic import BaseModel
 
 from ..kafka.reader import read_committed
 from ..kafka.topics import TopicNames
-from ..metrics import REBUILT_AGGREGATES, UNUSABLE_AGGREGATES
+from ..metrics import REBUILD_EVENTS, REBUILT_AGGREGATES, UNUSABLE_AGGREGATES
 from ..protocol import AGGREGATE_PREFIX, EventRecord, StoredAggregate, aggregate_key
 from ..registry import Registry
 from ..settings import Settings
@@ -126,6 +126,7 @@ async def _rebuild(
     progress.finished = time.monotonic()
     on_progress(progress)
     REBUILT_AGGREGATES.inc(report.rebuilt)
+    REBUILD_EVENTS.inc(progress.restored)
     UNUSABLE_AGGREGATES.labels(str(task.partition)).set(len(report.unusable))
     log.info(
         "partition %d: rebuilt %d states from %d events at %.0f events/s; %d unusable",
