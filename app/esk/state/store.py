@@ -16,7 +16,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import cast
 
-from rocksdict import Rdict, WriteBatch
+from rocksdict import ColumnFamily, Rdict, WriteBatch
 
 from .resources import StoreResources
 
@@ -72,7 +72,7 @@ class RocksDBStore(StateStore):
             shutil.rmtree(path, ignore_errors=True)
             self._db = Rdict(str(path), options, column_families={_META_CF: options})
         self._meta: Rdict | None = self._db.get_column_family(_META_CF)
-        self._meta_handle = self._db.get_column_family_handle(_META_CF)
+        self._meta_handle: ColumnFamily | None = self._db.get_column_family_handle(_META_CF)
 
     # rocksdict's stubs type keys and values as any of the types it can store; in raw mode
     # (Options(raw_mode=True)) they are bytes, hence the casts.
@@ -123,6 +123,7 @@ class RocksDBStore(StateStore):
         if self._db is not None:
             self._db.close()
         self._meta = self._db = None
+        self._meta_handle = None
 
     @staticmethod
     def destroy(path: Path) -> None:
