@@ -54,7 +54,7 @@ async def test_the_newcomer_walkthrough(settings: Settings) -> None:
 
         r = await c.get(f"/v1/accounts/{account}")
         assert r.status_code == 200 and r.headers["etag"] == '"2"'
-        assert r.json()["state"] == {"owner": "ada", "balance": 100, "status": "open"}
+        assert r.json()["state"] == {"owner": "ada", "movements": 1, "balance": 100, "status": "open"}
 
         events = [v for k, v, _ in await read_topic(settings, events_topic(settings, "accounts")) if k == account.encode()]
         assert [(e["type"], e["version"]) for e in events] == [("Opened", 1), ("Deposited", 2)]

@@ -19,6 +19,7 @@ import re
 import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
+from urllib.parse import quote
 
 import orjson
 from pydantic import ValidationError
@@ -28,7 +29,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..domain.aggregate import ALREADY_EXISTS, NOT_FOUND, AggregateType
 from ..metrics import HTTP_OUTCOME_TIMEOUTS
-from ..protocol import CommandEnvelope, Outcome, Status
+from ..protocol import STATE_UNUSABLE, CommandEnvelope, Outcome, Status
 from ..settings import Settings
 from .gateway import CommandGateway
 from .problems import Problem
@@ -36,8 +37,67 @@ from .replica import StateReplica
 
 log = logging.getLogger(__name__)
 
-_VERSION_TAG = re.compile(r'^(?:W/)?"(\d{1,18})"$')
+# If-Match: a version tag, as ETag sends it ("3"), weak or not. The same text is its pattern
+# in /openapi.json.
+VERSION_TAG_PATTERN = r'^(?:W/)?"(\d{1,18})"$'
+_VERSION_TAG = re.compile(VERSION_TAG_PATTERN)
 MAX_ID = 200
+# A URL path segment that is "." or ".." is removed by clients before sending (RFC 3986,
+# 5.2.4), so no such id could be addressed.
+_DOT_SEGMENTS = (".", "..")
+
+
+class IdRule:
+    """What an id may be, as one regular expression: the check and /openapi.json say the same.
+
+    A regular expression because it is what an OpenAPI document can state, and so what a
+    client generated from it checks before sending."""
+
+    def __init__(self, kind: str, pattern: str, what: str, example: str) -> None:
+        self.kind = kind
+        self.pattern = pattern
+        self.what = what
+        self.example = example
+        self._regex = re.compile(pattern)
+
+    def check(self, value: str) -> None:
+        if self._regex.fullmatch(value) is None or value in _DOT_SEGMENTS:
+            raise Problem(400, f"invalid_{self.kind}", f"{self.kind} must be {self.what}")
+
+    def schema(self) -> dict[str, Any]:
+        return {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": MAX_ID,
+            "pattern": self.pattern,
+            "not": {"enum": list(_DOT_SEGMENTS)},
+            "description": self.what,
+            "examples": [self.example],
+        }
+
+
+# An aggregate id travels as one path segment: any characters but controls and "/" (which
+# would split it), percent-encoded by the client.
+AGGREGATE_ID = IdRule(
+    "aggregate_id",
+    rf"^[^\x00-\x1f\x7f-\x9f/]{{1,{MAX_ID}}}$",
+    f"1 to {MAX_ID} characters, none of them a control character or '/', and not '.' or '..'",
+    "acc-42",
+)
+# A command id travels in the Idempotency-Key header, where HTTP allows visible ASCII and
+# inner spaces (leading and trailing ones are not part of a field value), and back in
+# /v1/commands/{command_id}.
+COMMAND_ID = IdRule(
+    "idempotency_key",
+    rf"^[\x21-\x7e](?:[\x20-\x7e]{{0,{MAX_ID - 2}}}[\x21-\x7e])?$",
+    f"1 to {MAX_ID} visible ASCII characters or inner spaces, and not '.' or '..'",
+    "deposit-7f3a9c",
+)
+
+
+def command_location(command_id: str) -> str:
+    """Where a command's outcome is read; the id may hold characters a path must escape."""
+    return f"/v1/commands/{quote(command_id, safe='')}"
 
 
 def command_url(aggregate_type: AggregateType[Any], name: str) -> str:
@@ -51,11 +111,6 @@ def json_response(body: Any, status: int = 200, headers: dict[str, str] | None =
 
 def etag(version: int) -> dict[str, str]:
     return {"ETag": f'"{version}"'}
-
-
-def check_id(kind: str, value: str) -> None:
-    if not value or len(value) > MAX_ID or any(ord(c) < 32 for c in value):
-        raise Problem(400, f"invalid_{kind}", f"{kind} must be 1 to {MAX_ID} printable characters")
 
 
 def outcome_response(outcome: Outcome) -> Response:
@@ -73,7 +128,7 @@ def outcome_response(outcome: Outcome) -> Response:
     headers = etag(outcome.version) if outcome.version > 0 else {}
     if outcome.status is Status.PRECONDITION_FAILED:
         return Problem(412, outcome.code or "precondition_failed", outcome.detail or "", headers, **extra).response()
-    status = {NOT_FOUND: 404, ALREADY_EXISTS: 409}.get(outcome.code or "", 422)
+    status = {NOT_FOUND: 404, ALREADY_EXISTS: 409, STATE_UNUSABLE: 500}.get(outcome.code or "", 422)
     return Problem(status, outcome.code or "rejected", outcome.detail or "", headers, **extra).response()
 
 
@@ -91,17 +146,22 @@ class CommandIntake:
         self, aggregate_type: AggregateType[Any], aggregate_id: str, name: str, headers: Mapping[str, str], receive: Receive
     ) -> Response:
         api = self.settings.api
-        check_id("aggregate_id", aggregate_id)
+        AGGREGATE_ID.check(aggregate_id)
         payload = await read_json(headers, receive, api.max_body_bytes)
         try:
-            aggregate_type.parse_command(name, payload)
+            # Strictly, from JSON text: a payload is valid as its schema in /openapi.json says,
+            # so "5" or true is not an integer here (pydantic's lax mode would take them).
+            aggregate_type.commands[name].model_validate_json(orjson.dumps(payload), strict=True)
         except ValidationError as error:
             errors = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in error.errors()]
             raise Problem(422, "invalid_payload", f"the {name} payload is invalid", errors=errors) from None
         expected_version, expect_new = preconditions(headers)
-        command_id = headers.get("idempotency-key") or uuid.uuid4().hex
-        check_id("idempotency_key", command_id)
-        location = f"/v1/commands/{command_id}"
+        # A key that is there but empty is refused like any other invalid key: it is not
+        # the same as sending none.
+        key = headers.get("idempotency-key")
+        command_id = uuid.uuid4().hex if key is None else key
+        COMMAND_ID.check(command_id)
+        location = command_location(command_id)
 
         # A retry whose outcome is known already is answered without touching Kafka.
         known = self.replica.outcome(command_id)
@@ -192,6 +252,7 @@ def request_headers(scope: Scope) -> dict[str, str]:
 
 
 async def read_json(headers: Mapping[str, str], receive: Receive, limit: int) -> dict[str, Any]:
+    """The body's JSON object (an empty body is `{}`), its numbers as `_json_numbers` reads them."""
     length = headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > limit:
         raise Problem(413, "body_too_large", f"the body may have at most {limit} bytes")
@@ -216,7 +277,8 @@ async def read_json(headers: Mapping[str, str], receive: Receive, limit: int) ->
         raise Problem(400, "malformed_json", f"the body is not valid JSON: {error}") from None
     if not isinstance(payload, dict):
         raise Problem(422, "invalid_payload", "the body must be a JSON object")
-    return payload
+    numbers: dict[str, Any] = _json_numbers(payload)
+    return numbers
 
 
 def preconditions(headers: Mapping[str, str]) -> tuple[int | None, bool]:
@@ -232,3 +294,22 @@ def preconditions(headers: Mapping[str, str]) -> tuple[int | None, bool]:
     if if_none_match is not None and if_none_match.strip() != "*":
         raise Problem(400, "invalid_if_none_match", "only If-None-Match: * is supported (the aggregate must not exist)")
     return expected, if_none_match is not None
+
+
+_INT64_MIN, _INT64_END = -(2**63), 2**63
+
+
+def _json_numbers(value: Any) -> Any:
+    """`value` with its numbers as JSON Schema and esk's records read them: a whole number
+    within 64 bits is an int (5.0 is the integer 5), any other number a float. Strict
+    validation then takes an integer field as the document states it (format int64), and a
+    float field as ever."""
+    if isinstance(value, float):
+        return int(value) if value.is_integer() and _INT64_MIN <= value < _INT64_END else value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value if _INT64_MIN <= value < _INT64_END else float(value)
+    if isinstance(value, dict):
+        return {key: _json_numbers(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_json_numbers(item) for item in value]
+    return value

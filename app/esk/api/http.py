@@ -1,8 +1,8 @@
 """The HTTP API v1 (docs/product.md): FastAPI for reads, operations and /openapi.json.
 
 Commands come in through api/commands.py (one ASGI endpoint per command, reached
-through the CommandRoutes middleware); this module routes to them and documents them
-beside the FastAPI routes.
+through the CommandRoutes middleware); this module routes to them. api/openapi.py
+documents every operation, so the routes here are left out of FastAPI's own document.
 """
 
 from __future__ import annotations
@@ -13,31 +13,21 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import orjson
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
-from ..domain.aggregate import AggregateType, Event
 from ..projections.reader import BadFilter, ReadModelNotBuilt, ReadModelNotFound, ReadModelRows
 from ..protocol import StoredAggregate
 from ..registry import Registry
+from ..schema.asyncapi import asyncapi_document
 from ..settings import Settings
 from .auth import BearerAuth
-from .commands import (
-    MAX_ID,
-    CommandEndpoint,
-    CommandIntake,
-    CommandRoutes,
-    check_id,
-    command_url,
-    etag,
-    json_response,
-    outcome_response,
-)
+from .commands import AGGREGATE_ID, CommandEndpoint, CommandIntake, CommandRoutes, etag, json_response, outcome_response
 from .gateway import CommandGateway
+from .openapi import document
 from .problems import Problem
 from .replica import StateReplica
 
@@ -87,9 +77,12 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
     if settings.api.auth_tokens:
         app.add_middleware(BearerAuth, tokens=frozenset(settings.api.auth_tokens))
 
+    router = APIRouter(include_in_schema=False)
+
     # -- commands ------------------------------------------------------------------
 
-    @app.get("/v1/commands/{command_id}", tags=["commands"], summary="The outcome of a command")
+    # A command id may hold "/" (escaped as %2F, which the path arrives decoded from).
+    @router.get("/v1/commands/{command_id:path}")
     async def get_command(command_id: str) -> Response:
         outcome = replica.outcome(command_id)
         if outcome is not None:
@@ -99,17 +92,20 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
             return json_response({"command_id": command_id, "status": "pending"}, 202)
         raise Problem(404, "unknown_command_id", "no outcome for this command (unknown, expired, or not processed yet)")
 
-    @app.get("/v1/projections/{name}", tags=["read models"], summary="Rows of a read model, filtered by ?column=value")
+    @router.get("/v1/projections/{name}")
     async def get_projection(name: str, request: Request, limit: int | None = None) -> Response:
+        if limit is not None and limit < 1:
+            raise Problem(400, "invalid_limit", "limit must be >= 1")
         filters = {k: v for k, v in request.query_params.items() if k != "limit"}
         row_limit = min(limit or settings.projections.api_row_limit, settings.projections.api_row_limit)
         rows = await _read_model(name, filters, row_limit)
         return json_response({"name": name, "rows": rows, "count": len(rows)})
 
-    @app.get("/v1/{type_name}/{id}/events", tags=["state"], summary="An aggregate's history (from the events archive)")
+    @router.get("/v1/{type_name}/{id}/events")
     async def get_history(type_name: str, id: str) -> Response:
         if type_name not in registry:
             raise Problem(404, "unknown_aggregate_type", f"no aggregate type {type_name!r}")
+        AGGREGATE_ID.check(id)
         rows = await _read_model("events_archive", {"aggregate_type": type_name, "aggregate_id": id}, 100_000)
         if not rows:
             raise Problem(404, "not_found", f"no archived events for {type_name} {id!r} (the archive is a projection: run it)")
@@ -137,7 +133,7 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
         except (LookupError, TypeError, ValueError) as error:  # ESK_READ_MODELS names something unusable
             raise Problem(503, "read_models_misconfigured", str(error)) from None
 
-    @app.post("/v1/{type_name}/{id}/{command}", include_in_schema=False)
+    @router.post("/v1/{type_name}/{id}/{command}")
     async def unknown_command(type_name: str, id: str, command: str) -> Response:
         if type_name not in registry:
             raise Problem(404, "unknown_aggregate_type", f"no aggregate type {type_name!r}")
@@ -145,11 +141,11 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
 
     # -- state -----------------------------------------------------------------------
 
-    @app.get("/v1/{type_name}/{id}", tags=["state"], summary="Current state and version of an aggregate")
+    @router.get("/v1/{type_name}/{id}")
     async def get_aggregate(type_name: str, id: str, min_version: int | None = None) -> Response:
         if type_name not in registry:
             raise Problem(404, "unknown_aggregate_type", f"no aggregate type {type_name!r}")
-        check_id("aggregate_id", id)
+        AGGREGATE_ID.check(id)
         stored: StoredAggregate | None
         if min_version is not None:
             if min_version < 0:
@@ -170,96 +166,26 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
 
     # -- operations ------------------------------------------------------------------
 
-    @app.get("/healthz", tags=["operations"])
+    @router.get("/healthz")
     async def healthz() -> Response:
         return json_response({"status": "ok"})
 
-    @app.get("/readyz", tags=["operations"])
+    @router.get("/readyz")
     async def readyz() -> Response:
         if replica.ready.is_set():
             return json_response({"status": "ready"})
         return Problem(503, "not_ready", "restoring state from the changelog", {"Retry-After": "1"}).response()
 
-    @app.get("/metrics", tags=["operations"])
+    @router.get("/metrics")
     async def metrics() -> Response:
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
-    _document_schemas(app, registry)
+    asyncapi = asyncapi_document(settings, registry)  # fixed for the process, like the registry
+
+    @router.get("/asyncapi.json")
+    async def get_asyncapi() -> Response:
+        return json_response(asyncapi)
+
+    app.include_router(router)
+    document(app, settings, registry)
     return app
-
-
-def _schema_name(aggregate_type: AggregateType[Any], model: type) -> str:
-    return f"{aggregate_type.name}.{model.__name__}"
-
-
-_COMMAND_HEADERS = (
-    ("If-Match", 'Optimistic concurrency: the version the command expects, e.g. "3".'),
-    ("If-None-Match", "`*`: the aggregate must not exist yet."),
-    ("Idempotency-Key", "The command id: a retry with the same key gets the first outcome."),
-    ("Prefer", "`respond-async`: answer 202 once the command is stored, without waiting."),
-    ("X-Correlation-Id", "Copied onto the events (defaults to the command id)."),
-    ("X-Causation-Id", "What caused the command (e.g. an event's id), kept with it; its events' causation is the command."),
-)
-_COMMAND_ANSWERS = {
-    "200": "Accepted: the new version and the events",
-    "202": "Stored; the outcome is at the Location (Prefer: respond-async)",
-    "404": "The aggregate does not exist",
-    "409": "The aggregate exists already",
-    "412": "The version is not the one in If-Match",
-    "422": "Refused by the domain, or an invalid payload",
-    "503": "Not stored (retry with the same Idempotency-Key), or no outcome in time",
-}
-
-
-def _command_path(aggregate_type: AggregateType[Any], name: str, model: type) -> dict[str, Any]:
-    """The OpenAPI path item of a command endpoint (they are not FastAPI routes)."""
-    problem = {"application/problem+json": {"schema": {"type": "object"}}}
-    parameters = [{"name": "id", "in": "path", "required": True, "schema": {"type": "string", "maxLength": MAX_ID}}]
-    parameters += [{"name": h, "in": "header", "required": False, "description": d, "schema": {"type": "string"}}
-                   for h, d in _COMMAND_HEADERS]
-    return {
-        "post": {
-            "tags": [aggregate_type.name],
-            "summary": f"{name} ({model.__name__})",
-            "description": model.__doc__ or "",
-            "operationId": f"{aggregate_type.name}_{name}",
-            "parameters": parameters,
-            "requestBody": {
-                "required": False,
-                "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{_schema_name(aggregate_type, model)}"}}},
-            },
-            "responses": {
-                code: {"description": text, "content": {"application/json": {"schema": {"type": "object"}}} if int(code) < 400 else problem}
-                for code, text in _COMMAND_ANSWERS.items()
-            },
-        }
-    }
-
-
-def _document_schemas(app: FastAPI, registry: Registry) -> None:
-    """Put every command endpoint, and every command, event and state schema, into /openapi.json."""
-    base_openapi = app.openapi
-
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema is not None:
-            return app.openapi_schema
-        schema = base_openapi()
-        components = schema.setdefault("components", {}).setdefault("schemas", {})
-        paths = schema.setdefault("paths", {})
-        for aggregate_type in registry.values():
-            for command, model in aggregate_type.commands.items():
-                paths[command_url(aggregate_type, command)] = _command_path(aggregate_type, command, model)
-            models: list[tuple[str, type[BaseModel]]] = [(_schema_name(aggregate_type, m), m) for m in aggregate_type.commands.values()]
-            models += [(f"{aggregate_type.name}.events.{e.type_name()}", e) for e in aggregate_type.events]
-            models.append((f"{aggregate_type.name}.State", aggregate_type.state))
-            for name, documented in models:
-                model_schema = documented.model_json_schema(ref_template=f"#/components/schemas/{name}.{{model}}")
-                for def_name, definition in model_schema.pop("$defs", {}).items():
-                    components[f"{name}.{def_name}"] = definition
-                if issubclass(documented, Event):
-                    model_schema["x-schema-version"] = documented.schema_version
-                components[name] = model_schema
-        app.openapi_schema = schema
-        return schema
-
-    app.openapi = openapi  # type: ignore[method-assign]  # FastAPI documents this way of extending the schema

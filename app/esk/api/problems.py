@@ -24,6 +24,34 @@ _TITLES = {
 }
 
 
+# The body of every problem, as /openapi.json states it (its components Problem and FieldError).
+PROBLEM_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "RFC 9457 problem details; `code` is stable and machine-readable.",
+    "required": ["type", "title", "status", "code", "detail"],
+    "properties": {
+        "type": {"type": "string", "pattern": "^urn:esk:problem:", "description": "urn:esk:problem:<code>"},
+        "title": {"type": "string"},
+        "status": {"type": "integer", "minimum": 400, "maximum": 599},
+        "code": {"type": "string"},
+        "detail": {"type": "string"},
+        "errors": {"type": "array", "items": {"$ref": "#/components/schemas/FieldError"}},
+        "current_version": {"type": "integer", "minimum": 0, "description": "The aggregate's version when it was refused"},
+        "command_id": {"type": "string"},
+    },
+}
+FIELD_ERROR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "One invalid field of a payload or request.",
+    "required": ["loc", "msg", "type"],
+    "properties": {
+        "loc": {"type": "array", "items": {"type": ["string", "integer"]}},
+        "msg": {"type": "string"},
+        "type": {"type": "string"},
+    },
+}
+
+
 class Problem(Exception):
     def __init__(
         self,

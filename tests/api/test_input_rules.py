@@ -1,0 +1,52 @@
+"""The rules /openapi.json states for ids, keys and payloads are the ones the server applies."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+
+from esk.settings import Settings
+from tests.system import system
+
+pytestmark = pytest.mark.kafka
+
+
+async def test_ids_keys_and_numbers_are_taken_as_the_document_states_them(settings: Settings) -> None:
+    async with system(settings) as s:
+        c, account = s.client, uuid.uuid4().hex[:12]
+        deposit = f"/v1/accounts/{account}/deposit"
+        r = await c.post(f"/v1/accounts/{account}/open", json={"owner": "ada"})
+        assert r.status_code == 200, r.text
+
+        # JSON Schema's integers: 5.0 is one; "5", true and what does not fit 64 bits are not.
+        r = await c.post(deposit, content=b'{"amount": 5.0}', headers={"Content-Type": "application/json"})
+        assert r.status_code == 200 and r.json()["events"][0]["data"] == {"amount": 5}
+        for amount in ('"5"', "true", str(2**70)):
+            r = await c.post(deposit, content=f'{{"amount": {amount}}}'.encode(), headers={"Content-Type": "application/json"})
+            assert r.status_code == 422 and r.json()["errors"][0]["loc"] == ["amount"], (amount, r.text)
+
+        # An Idempotency-Key that is there is checked, empty or not; HTTP carries visible ASCII.
+        for key in (b"", "clé".encode("latin-1"), b"."):
+            r = await c.post(deposit, json={"amount": 1}, headers={"Idempotency-Key": key})
+            assert r.status_code == 400 and r.json()["code"] == "invalid_idempotency_key", (key, r.text)
+
+        # A key may hold what a path must escape: the Location escapes it, and serves the outcome.
+        key = f"deposit 1/{account}?"
+        r = await c.post(deposit, json={"amount": 1}, headers={"Idempotency-Key": key, "Prefer": "respond-async"})
+        assert r.status_code == 202 and r.headers["location"] == f"/v1/commands/deposit%201%2F{account}%3F"
+        for _ in range(200):
+            outcome = await c.get(r.headers["location"])
+            if outcome.status_code == 200:
+                break
+            await asyncio.sleep(0.05)
+        assert outcome.status_code == 200 and outcome.json()["command_id"] == key
+
+        # "." and ".." are dot segments, which clients remove from a URL: no id can be one.
+        for path in ("/v1/accounts/%2E%2E", "/v1/accounts/%2E/events", "/v1/accounts/%2E/deposit"):
+            r = await (c.post(path, json={"amount": 1}) if path.endswith("deposit") else c.get(path))
+            assert r.status_code == 400 and r.json()["code"] == "invalid_aggregate_id", (path, r.text)
+
+        r = await c.get("/v1/projections/account_balances", params={"limit": 0})
+        assert r.status_code == 400 and r.json()["code"] == "invalid_limit"

@@ -1,0 +1,140 @@
+"""G9: a changed state model never makes an existing aggregate unusable. Tried as a new
+user would: run esk with a state model, create aggregates, stop, change the model (rename
+a field, add a required one that `evolve` fills in), start again."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+from pydantic import BaseModel
+
+from esk import AggregateType, Command, Decision, Event
+from esk.kafka.topics import ensure_topics, topic_specs
+from esk.metrics import REBUILT_AGGREGATES
+from esk.processing.state_rebuild import unusable_aggregates
+from esk.protocol import STATE_UNUSABLE
+from esk.registry import Registry
+from esk.settings import Settings
+from tests.system import api, processor, with_state_dirs
+
+pytestmark = pytest.mark.kafka
+
+
+class Start(Command):
+    pass
+
+
+class Add(Command):
+    n: int
+
+
+class Started(Event):
+    pass
+
+
+class Added(Event):
+    n: int
+
+
+class CounterV1(BaseModel):
+    count: int
+
+
+class CounterV2(BaseModel):  # the next release: `count` is `total` now, and `adds` is new
+    total: int
+    adds: int
+
+
+def _decide(_state: BaseModel | None, command: Command) -> Decision:
+    return [Added(n=command.n)] if isinstance(command, Add) else [Started()]
+
+
+def _counters(state: type[BaseModel], evolve: Callable[[Any, Event], BaseModel]) -> Registry:
+    counters: AggregateType[Any] = AggregateType(
+        name="counters", state=state, commands={"start": Start, "add": Add}, creates=frozenset({Start}),
+        events=[Started, Added], decide=_decide, evolve=evolve,
+    )
+    return {"counters": counters}
+
+
+def _v1(state: CounterV1 | None, event: Event) -> CounterV1:
+    return CounterV1(count=(state.count if state else 0) + (event.n if isinstance(event, Added) else 0))
+
+
+def _v2(state: CounterV2 | None, event: Event) -> CounterV2:
+    if not isinstance(event, Added):
+        return CounterV2(total=0, adds=0)
+    assert state is not None
+    return CounterV2(total=state.total + event.n, adds=state.adds + 1)
+
+
+def _v2_that_fails_on_13(state: CounterV2 | None, event: Event) -> CounterV2:
+    if isinstance(event, Added) and event.n == 13:
+        raise ValueError("13 is unlucky")
+    return _v2(state, event)
+
+
+async def _make(client: httpx.AsyncClient, counter: str, *amounts: int) -> None:
+    assert (await client.post(f"/v1/counters/{counter}/start", json={})).status_code == 200
+    for n in amounts:
+        assert (await client.post(f"/v1/counters/{counter}/add", json={"n": n})).status_code == 200
+
+
+async def test_states_of_a_changed_model_are_rebuilt_from_their_events(settings: Settings) -> None:
+    v1, v2 = _counters(CounterV1, _v1), _counters(CounterV2, _v2)
+    await ensure_topics(settings, topic_specs(settings, v1))
+    own, api_settings = with_state_dirs(settings, "p0"), with_state_dirs(settings, "a0")
+    ids = [f"c{n}" for n in range(6)]
+    async with api(api_settings, v1) as client:
+        async with processor(own, v1):
+            for counter in ids:
+                await _make(client, counter, 2, 3)
+            assert (await client.get("/v1/counters/c0")).json()["state"] == {"count": 5}
+
+    rebuilt_before = REBUILT_AGGREGATES._value.get()
+    async with api(api_settings, v2) as client:
+        async with processor(own, v2) as running:  # ready only once the states are rebuilt
+            assert REBUILT_AGGREGATES._value.get() - rebuilt_before == len(ids)
+            assert running.processor.restores  # the store was intact: nothing restored beyond it
+            r = await client.get("/v1/counters/c0")
+            assert r.json()["state"] == {"total": 5, "adds": 2}
+            r = await client.post("/v1/counters/c0/add", json={"n": 1})
+            assert r.status_code == 200 and r.json()["version"] == 4
+            assert (await client.get("/v1/counters/c0?min_version=4")).json()["state"] == {"total": 6, "adds": 3}
+
+        # A start with the same model rebuilds nothing again.
+        async with processor(own, v2):
+            assert REBUILT_AGGREGATES._value.get() - rebuilt_before == len(ids)
+
+
+async def test_an_aggregate_whose_events_do_not_fold_is_unusable_and_the_others_go_on(settings: Settings) -> None:
+    v1, broken = _counters(CounterV1, _v1), _counters(CounterV2, _v2_that_fails_on_13)
+    await ensure_topics(settings, topic_specs(settings, v1))
+    own, api_settings = with_state_dirs(settings, "p0"), with_state_dirs(settings, "a0")
+    async with api(api_settings, v1) as client:
+        async with processor(own, v1):
+            await _make(client, "good", 1)
+            await _make(client, "bad", 13)
+
+    async with api(api_settings, broken) as client:
+        async with processor(own, broken):
+            r = await client.post("/v1/counters/bad/add", json={"n": 1}, headers={"Idempotency-Key": "bad-2"})
+            outcome = (await client.get("/v1/commands/bad-2")).json()
+            assert outcome["code"] == STATE_UNUSABLE and "13 is unlucky" in outcome["detail"]
+            assert r.status_code == 500 and r.json()["code"] == STATE_UNUSABLE
+            r = await client.post("/v1/counters/good/add", json={"n": 1})
+            assert r.status_code == 200 and r.json()["version"] == 3
+            listed = await unusable_aggregates(settings)
+            assert list(listed) == [("counters", "bad")] and "13 is unlucky" in listed["counters", "bad"]
+
+    # The fixed code's next start rebuilds it.
+    fixed = _counters(CounterV2, _v2)
+    async with api(api_settings, fixed) as client:
+        async with processor(own, fixed):
+            r = await client.post("/v1/counters/bad/add", json={"n": 1})
+            assert r.status_code == 200 and r.json()["version"] == 3
+            assert (await client.get("/v1/counters/bad?min_version=3")).json()["state"] == {"total": 14, "adds": 2}
+            assert await unusable_aggregates(settings) == {}
