@@ -16,8 +16,9 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from ..domain.aggregate import AggregateType
 from ..registry import ModuleMissing, load_object
 from ..settings import Settings
 
@@ -25,16 +26,19 @@ if TYPE_CHECKING:
     from delta.tables import DeltaTable
     from pyspark.sql import DataFrame, SparkSession
 
-    from ..registry import Registry
-
 
 @dataclass(frozen=True)
 class ReadModel:
     name: str
-    categories: tuple[str, ...]  # aggregate types whose event streams it reads
+    reads: tuple[AggregateType[Any], ...]  # the aggregate types whose event streams it reads
     description: str
     order_by: tuple[str, ...] = ()  # how readers get rows ("-col" = descending)
     partition_by: tuple[str, ...] = ()
+
+    @property
+    def categories(self) -> tuple[str, ...]:
+        """The names of the aggregate types it reads (the `<app>.<type>.events` topics)."""
+        return tuple(aggregate_type.name for aggregate_type in self.reads)
 
 
 @dataclass(frozen=True)
@@ -65,8 +69,8 @@ class Projection:
 
     model: ReadModel
     columns: str  # DDL, e.g. "account_id STRING, balance BIGINT"
-    # (spark, table, events, aggregate types, writer) -> rows written
-    apply: Callable[[SparkSession, DeltaTable, DataFrame, Registry, BatchWriter], int]
+    # (spark, table, one batch of decoded events, writer) -> rows written
+    apply: Callable[[SparkSession, DeltaTable, DataFrame, BatchWriter], int]
 
 
 def configured_read_models(settings: Settings) -> dict[str, Projection]:

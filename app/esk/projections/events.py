@@ -30,6 +30,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
+from ..domain.aggregate import AggregateType, Event
 from ..kafka.topics import TopicNames
 from ..protocol import EventRecord
 from ..registry import Registry, load_registry
@@ -132,6 +133,9 @@ def decode(raw: DataFrame, settings: Settings, categories: tuple[str, ...]) -> D
 
 
 def _upcast(registry: Registry, categories: tuple[str, ...], domain: str) -> Column:
+    if not any(registry[name].upcasters for name in categories):
+        # A Python UDF runs for every row even inside F.when: none at all when nothing can be old.
+        return F.col("data")
     current = {
         f"{name}/{event.type_name()}": event.schema_version
         for name in categories
@@ -147,6 +151,23 @@ def _upcast(registry: Registry, categories: tuple[str, ...], domain: str) -> Col
 
     # Only events of an older schema version pay for the Python round trip.
     return F.when(older, upcast("aggregate_type", "type", "schema_version", "data")).otherwise(F.col("data"))
+
+
+def is_event(aggregate_type: AggregateType[Any], event: type[Event]) -> Column:
+    """True on the rows of `event` (of `aggregate_type`: names may repeat across types)."""
+    if event not in aggregate_type.events:
+        raise TypeError(f"{event.__name__} is not an event of {aggregate_type.name}")
+    return (F.col("aggregate_type") == aggregate_type.name) & (F.col("type") == event.type_name())
+
+
+def payload(aggregate_type: AggregateType[Any], event: type[Event]) -> Column:
+    """The decoded payload of `event`'s rows, as a struct of its fields; null on other rows."""
+    return F.when(is_event(aggregate_type, event), F.from_json(F.col("data"), spark_schema(event)))
+
+
+def of(aggregate_type: AggregateType[Any]) -> Column:
+    """True on the rows of `aggregate_type`'s events."""
+    return F.col("aggregate_type") == aggregate_type.name
 
 
 @lru_cache(maxsize=4)

@@ -18,7 +18,6 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.readwriter import DataStreamWriter
 from rich.console import Console
 
-from ..registry import load_registry
 from ..settings import Settings
 from .catalog import BatchWriter, Projection, Tables
 from .events import decode, event_stream
@@ -55,7 +54,6 @@ def run(
     if projection.model.partition_by:
         builder = builder.partitionedBy(*projection.model.partition_by)
     table = builder.execute()
-    registry = load_registry(settings.domain)
     summary = RunSummary(name, generation)
     app_id = f"esk.{settings.app}.{name}.g{generation}"
 
@@ -63,7 +61,7 @@ def run(
         events = events.persist()  # MERGE reads its source more than once
         try:
             count = events.count()
-            rows = projection.apply(spark, table, events, registry, BatchWriter(spark, app_id, batch_id)) if count else 0
+            rows = projection.apply(spark, table, events, BatchWriter(spark, app_id, batch_id)) if count else 0
         finally:
             events.unpersist()
         summary.batches += 1
