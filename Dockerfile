@@ -1,6 +1,9 @@
-# esk: one image for `esk api`, `esk processor` and `esk topics init` (and `esk dev` with the
-# embedded broker), running the example domain; a user's image is the same with their own
-# code copied in place of domain/ and projections/. Build from the repository root:
+# esk: one image for everything deploy/k8s/ runs (`esk api`, `esk processor`, `esk topics
+# init`, `esk subscriber NAME`) and for `esk dev` with the embedded broker, running the
+# example's domain and subscriptions; a user's image is the same with their own code copied
+# in place of domain/ and subscriptions/.
+# tests/deploy/test_k8s_manifests.py holds deploy/k8s/ to this file (user, ports, settings,
+# entrypoint). Build from the repository root:
 #   docker build -t esk .
 FROM python:3.11-slim-bookworm AS wheel
 WORKDIR /build
@@ -9,31 +12,44 @@ COPY app app
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 FROM maven:3.9-eclipse-temurin-17 AS jars
-# The same poms the wheel carries; resolved here so the image never reaches Maven Central.
+# The same pom the wheel carries; resolved here so the image never reaches Maven Central.
+# Its copy-dependencies writes to jars/ beside the pom.
 COPY app/esk/jars/kafka/pom.xml /build/kafka/pom.xml
 RUN mvn -q -B -f /build/kafka/pom.xml dependency:copy-dependencies
 
 FROM python:3.11-slim-bookworm
-# Java only serves the embedded broker of `esk dev`; api and processor never start a JVM.
-RUN apt-get update \
+# Java only serves the embedded broker of `esk dev`; api, processor and subscribers never
+# start a JVM. The slim image has no man directories, which Java's update-alternatives
+# may link into. The user and group 10001 are the pods' runAsUser/runAsGroup/fsGroup.
+RUN mkdir -p /usr/share/man/man1 \
+ && apt-get update \
  && apt-get install -y --no-install-recommends openjdk-17-jre-headless \
  && rm -rf /var/lib/apt/lists/* \
- && useradd --create-home --uid 10001 esk
+ && groupadd --gid 10001 esk \
+ && useradd --create-home --uid 10001 --gid 10001 esk
 COPY --from=wheel /wheels /wheels
 RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels
 COPY --from=jars /build/kafka/jars /opt/esk/jars/kafka
-# The user's code: esk imports it from the working directory (ESK_DOMAIN, ESK_READ_MODELS).
+# The user's code: esk imports it from the working directory (ESK_DOMAIN, ESK_SUBSCRIPTIONS).
+# The read models (projections/) are not here: they run on Spark (deploy/spark/).
 WORKDIR /opt/esk/app
 COPY domain domain
-ENV ESK_BROKER__JARS_DIR=/opt/esk/jars/kafka \
+COPY subscriptions subscriptions
+# Logs reach `kubectl logs` / `docker logs` as they are written, not when a buffer fills.
+ENV PYTHONUNBUFFERED=1 \
+    ESK_BROKER__JARS_DIR=/opt/esk/jars/kafka \
     ESK_BROKER__DATA_DIR=/var/lib/esk/broker \
     ESK_PROCESSOR__STATE_DIR=/var/lib/esk/processor \
     ESK_API__STATE_DIR=/var/lib/esk/api \
+    ESK_SUBSCRIBER__DATA_DIR=/var/lib/esk/subscriptions \
     ESK_API__HOST=0.0.0.0 \
-    ESK_PROCESSOR__METRICS_HOST=0.0.0.0
-RUN mkdir -p /var/lib/esk && chown esk /var/lib/esk
-USER esk
+    ESK_PROCESSOR__METRICS_HOST=0.0.0.0 \
+    ESK_SUBSCRIBER__METRICS_HOST=0.0.0.0
+RUN mkdir -p /var/lib/esk && chown 10001:10001 /var/lib/esk
+# Numeric, so that Kubernetes' runAsNonRoot can tell it is not root.
+USER 10001:10001
 VOLUME /var/lib/esk
-EXPOSE 8000 9464
+# The API; the processor's metrics; a subscriber's metrics.
+EXPOSE 8000 9464 9465
 ENTRYPOINT ["esk"]
 CMD ["api"]

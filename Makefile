@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 ESK    := $(VENV)/bin/esk
 VENV_STAMP := $(VENV)/.esk-installed
 
-.PHONY: run test setup venv jars tools tools-node tools-postgres tools-kubeconform crash cluster-test bench bench-quick clean
+.PHONY: run test setup venv jars tools tools-node tools-postgres tools-kubeconform crash subscriptions-crash cluster-test bench bench-quick clean
 
 setup: venv jars
 
@@ -90,6 +90,9 @@ bench: setup $(BENCH_STAMP)
 
 crash: setup
 	$(PY) -m bench.crash --kills 50
+
+subscriptions-crash: setup
+	$(PY) -m bench.subscriptions_crash --kills 30
 
 # Brokers of a three-node cluster SIGKILLed and restarted under HTTP load for minutes;
 # tests/cluster runs a short version of it.

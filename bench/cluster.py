@@ -1,6 +1,6 @@
-"""Real esk processes for harnesses: `esk api`, `esk processor` and `esk project run` as
-child processes, each with its own state directory, port and log file; and fresh
-applications (their own topics) on a running broker."""
+"""Real esk processes for harnesses: `esk api`, `esk processor`, `esk subscriber` and
+`esk project run` as child processes, each with its own state directory, port and log file;
+and fresh applications (their own topics) on a running broker."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ from esk.settings import BrokerSettings, Settings
 
 @dataclass
 class EskProcess:
-    role: str  # "api", "processor" or "project"
+    role: str  # "api", "processor", "subscriber" or "project"
     name: str
     env: dict[str, str]
     log_path: Path
@@ -143,6 +143,20 @@ class Cluster:
         port = free_port()
         env = self._env({"ESK_API__STATE_DIR": str(self.workdir / name), "ESK_API__PORT": str(port), **settings})
         return self._add(EskProcess("api", name, env, self.workdir / f"{name}.log", port))
+
+    def subscriber(self, name: str, subscription: str, data_dir: Path, **settings: str) -> EskProcess:
+        """`esk subscriber SUBSCRIPTION`; a database handler's SQLite file goes in `data_dir`,
+        which members on one host share."""
+        port = free_port()
+        env = self._env(
+            {
+                "ESK_SUBSCRIPTIONS": self.settings.subscriptions,
+                "ESK_SUBSCRIBER__DATA_DIR": str(data_dir),
+                "ESK_SUBSCRIBER__METRICS_PORT": str(port),
+                **settings,
+            }
+        )
+        return self._add(EskProcess("subscriber", name, env, self.workdir / f"{name}.log", port, (subscription,)))
 
     def projection(self, name: str, read_model: str, **settings: str) -> EskProcess:
         """`esk project run READ_MODEL --continuous`. Stopping it (SIGTERM) is safe: every

@@ -47,6 +47,8 @@ def main() -> None:
     parser.add_argument("--budget-mb", type=int, default=128)
     args = parser.parse_args()
     report = run_harness(run(args.aggregates, args.budget_mb, 6))
+    for row in report.rows:
+        console.print(f"{row.workload} {row.system}: {row.value:,.1f} {row.unit} {row.note}", highlight=False)
     rss = report.get("W5", "esk processor max RSS")
     if rss is not None:
         console.print(f"max RSS minus the RocksDB budget: {rss - args.budget_mb:.0f} MB (target <= 150)", highlight=False)

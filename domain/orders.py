@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -21,6 +21,9 @@ class Line(BaseModel):
 class Place(Command):
     customer_id: str = Field(min_length=1, max_length=200)
     lines: list[Line] = Field(min_length=1, max_length=200)
+    # The account the order is paid from (the `payments` subscription withdraws its total,
+    # or cancels the order if it cannot); None: paid some other way.
+    pay_from: str | None = Field(default=None, min_length=1, max_length=200)
 
 
 class AddLine(Command):
@@ -43,8 +46,15 @@ class Delete(Command):
 
 # -- events ----------------------------------------------------------------------
 class Placed(Event):
+    # v2 added `pay_from`; a v1 event (paid some other way) reads as None: `_placed_v1_to_v2`.
+    schema_version = 2
     customer_id: str
     lines: list[Line]
+    pay_from: str | None = None
+
+    @property
+    def total(self) -> int:
+        return sum(line.qty * line.price for line in self.lines)
 
 
 class LineAdded(Event):
@@ -78,8 +88,8 @@ class Order(BaseModel):
 
 def decide(state: Order | None, command: Command) -> Decision:
     match command:
-        case Place(customer_id=customer_id, lines=lines):
-            return [Placed(customer_id=customer_id, lines=lines)]
+        case Place(customer_id=customer_id, lines=lines, pay_from=pay_from):
+            return [Placed(customer_id=customer_id, lines=lines, pay_from=pay_from)]
     assert state is not None  # the lifecycle rules only let Place through on a new order
     if state.status == "deleted":
         return Rejection("order_deleted", "the order was deleted")
@@ -124,6 +134,10 @@ def evolve(state: Order | None, event: Event) -> Order:
     raise TypeError(f"unhandled event {event!r}")
 
 
+def _placed_v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
+    return {**data, "pay_from": None}
+
+
 orders: AggregateType[Order] = AggregateType(
     name="orders",
     state=Order,
@@ -132,6 +146,7 @@ orders: AggregateType[Order] = AggregateType(
     events=[Placed, LineAdded, Shipped, Cancelled, Deleted],
     decide=decide,
     evolve=evolve,
+    upcasters={("Placed", 1): _placed_v1_to_v2},
     retention=timedelta(days=90),
     is_final=lambda order: order.status == "deleted",
 )

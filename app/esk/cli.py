@@ -20,6 +20,7 @@ from .settings import Settings
 
 if TYPE_CHECKING:
     from .projections.catalog import Projection
+    from .subscriptions.api import AnySubscription
 
 cli = typer.Typer(no_args_is_help=True, add_completion=False, help="esk: event sourcing and CQRS on Apache Kafka.")
 broker_cli = typer.Typer(no_args_is_help=True, help="The embedded single-node Kafka broker (KRaft).")
@@ -32,6 +33,8 @@ schema_cli = typer.Typer(no_args_is_help=True, help="The schemas of commands, ev
 cli.add_typer(schema_cli, name="schema")
 state_cli = typer.Typer(no_args_is_help=True, help="The processor's stored aggregate states.")
 cli.add_typer(state_cli, name="state")
+subscriptions_cli = typer.Typer(no_args_is_help=True, help="Subscriptions: their lag, parked events, retries and replays.")
+cli.add_typer(subscriptions_cli, name="subscriptions")
 
 console = Console()
 err = Console(stderr=True)
@@ -151,10 +154,21 @@ def api(
     run_api(settings)
 
 
+@cli.command("subscriber")
+def subscriber(name: Annotated[str, typer.Argument(help="A subscription (see `esk subscriptions list`).")]) -> None:
+    """Run one subscription (production entry point); several processes share its partitions."""
+    from .runtime import run_subscriber
+
+    settings = load_settings()
+    domain_registry(settings)  # fails in one line here; the runtime loads it again (cached)
+    subscription_named(settings, name)
+    run_subscriber(settings, name)
+
+
 @cli.command("dev")
 def dev() -> None:
     """Everything on one machine: embedded broker (unless ESK_KAFKA__BOOTSTRAP_SERVERS is set),
-    topics, processor and API. Ctrl-C (or SIGTERM) stops all of it."""
+    topics, processor, API and a subscriber per subscription. Ctrl-C (or SIGTERM) stops all of it."""
     from .runtime import run_dev
 
     # SIGTERM (docker stop, systemd, a supervisor) stops everything as Ctrl-C does; by
@@ -162,6 +176,7 @@ def dev() -> None:
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     settings = load_settings()
     domain_registry(settings)  # before the broker starts: a wrong ESK_DOMAIN costs no broker start
+    subscriptions = list(configured_subscriptions(settings))
     broker = EmbeddedBroker(settings.broker) if settings.uses_embedded_broker else None
     started_broker = False
     if broker is not None:
@@ -176,7 +191,7 @@ def dev() -> None:
             f"API on http://{settings.api.host}:{settings.api.port} (docs: /docs); Ctrl-C stops everything",
             highlight=False,
         )
-        run_dev(settings)
+        run_dev(settings, subscriptions)
     finally:
         if broker is not None and started_broker:
             broker.stop()
@@ -351,6 +366,165 @@ def state_unusable() -> None:
         console.print(f"{aggregate_type}/{aggregate_id}: {escape(reason)}", highlight=False, soft_wrap=True)
     if not found:
         console.print("no unusable aggregates", highlight=False)
+
+
+def configured_subscriptions(settings: Settings) -> dict[str, AnySubscription]:
+    """The user's subscriptions (ESK_SUBSCRIPTIONS), or a one-line error."""
+    from .subscriptions.catalog import configured_subscriptions as configured
+
+    try:
+        return configured(settings)
+    except (LookupError, TypeError, ValueError) as error:  # their messages name the setting
+        raise fail(str(error)) from None
+    except ImportError as error:
+        raise fail(f"ESK_SUBSCRIPTIONS={settings.subscriptions}: {error}") from None
+
+
+def subscription_named(settings: Settings, name: str) -> AnySubscription:
+    found = configured_subscriptions(settings)
+    if name not in found:
+        known = ", ".join(found) or "none"
+        raise fail(f"no subscription {name!r} (the application has: {known}; ESK_SUBSCRIPTIONS={settings.subscriptions})")
+    return found[name]
+
+
+def subscription_operations(settings: Settings, name: str) -> Any:
+    from .subscriptions.operations import SubscriptionOperations
+
+    subscription = subscription_named(settings, name)
+    try:
+        return SubscriptionOperations(settings, subscription, domain_registry(settings))
+    except ValueError as error:
+        raise fail(str(error)) from None
+
+
+NameArgument = Annotated[str, typer.Argument(help="A subscription (see `esk subscriptions list`).")]
+AggregateOption = Annotated[str | None, typer.Option("--aggregate", help="Only this aggregate id's parked events.")]
+ByOption = Annotated[str | None, typer.Option("--by", help="Who does it, for the record (default: the OS user).")]
+
+
+@subscriptions_cli.command("list")
+def subscriptions_list() -> None:
+    """The subscriptions, their kind, what they read and handle."""
+    from rich.table import Table
+
+    from .subscriptions.api import Reactor
+
+    settings = load_settings()
+    table = Table("name", "kind", "reads", "handles")
+    for subscription in configured_subscriptions(settings).values():
+        handles = [t.__name__ for t in subscription.handlers]
+        if isinstance(subscription, Reactor):
+            handles += [f"outcome of {t.__name__}" for t in subscription.outcome_handlers]
+        table.add_row(subscription.name, subscription.kind.value, ", ".join(a.name for a in subscription.reads), ", ".join(handles))
+    console.print(table)
+
+
+@subscriptions_cli.command("status")
+def subscriptions_status(
+    name: Annotated[str | None, typer.Argument(help="One subscription (default: all).")] = None,
+) -> None:
+    """Each subscription's lag per input partition, and whether it has caught up; exit 1 if one has not."""
+    from rich.table import Table
+
+    settings = load_settings()
+    names = [name] if name is not None else list(configured_subscriptions(settings))
+    behind = []
+    for each in names:
+        status = asyncio.run(subscription_operations(settings, each).status())
+        table = Table("topic", "partition", "next offset", "end", "lag", title=f"{status.name} ({status.kind})")
+        for p in status.partitions:
+            table.add_row(p.topic, str(p.partition), "-" if p.next_offset is None else str(p.next_offset), str(p.end), str(p.lag))
+        console.print(table)
+        console.print(f"{status.name}: {'caught up' if status.caught_up else f'{status.lag:,} behind'}", highlight=False)
+        if not status.caught_up:
+            behind.append(status.name)
+    if behind:
+        raise typer.Exit(code=1)
+
+
+@subscriptions_cli.command("parked")
+def subscriptions_parked(
+    name: NameArgument,
+    include_resolved: Annotated[bool, typer.Option("--all", help="Retried and skipped ones too.")] = False,
+) -> None:
+    """The subscription's parked events, in order per aggregate, with the reason."""
+    from datetime import UTC, datetime
+
+    from rich.table import Table
+
+    settings = load_settings()
+    parked = asyncio.run(subscription_operations(settings, name).parked(include_resolved))
+    table = Table("aggregate", "event", "position", "parked at", "attempts", "reason", *(("status", "by") if include_resolved else ()))
+    for event in sorted(parked, key=lambda e: (e.aggregate_id, e.topic, e.partition, e.offset)):
+        when = datetime.fromtimestamp(event.parked_at / 1000, UTC).isoformat(timespec="seconds")
+        resolved = (event.status.value, event.resolved_by or "") if include_resolved else ()
+        table.add_row(event.aggregate_id, event.event_type or "?", event.position, when, str(event.attempts), event.reason, *resolved)
+    console.print(table)
+    console.print(f"{name}: {sum(e.status == 'parked' for e in parked)} parked", highlight=False)
+
+
+@subscriptions_cli.command("retry")
+def subscriptions_retry(name: NameArgument, aggregate: AggregateOption = None, by: ByOption = None) -> None:
+    """Handle the parked events again, in order per aggregate, with today's code and upcasters;
+    exit 1 when some stay parked."""
+    report = asyncio.run(subscription_operations(load_settings(), name).retry(aggregate, by or _os_user()))
+    _print_resolved(name, "retried", report)
+
+
+@subscriptions_cli.command("skip")
+def subscriptions_skip(name: NameArgument, aggregate: AggregateOption = None, by: ByOption = None) -> None:
+    """Drop the parked events (of one aggregate, or all), recording who skipped them and when."""
+    report = asyncio.run(subscription_operations(load_settings(), name).skip(aggregate, by or _os_user()))
+    _print_resolved(name, "skipped", report)
+
+
+def _print_resolved(name: str, done: str, report: Any) -> None:
+    for event in report.handled:
+        console.print(f"{done} {event.aggregate_id} {event.event_type or '?'} at {event.position}", highlight=False)
+    for event in report.still_parked:
+        console.print(f"still parked {event.aggregate_id} {event.event_type or '?'} at {event.position}: {escape(event.reason)}", highlight=False, soft_wrap=True)
+    console.print(f"{name}: {len(report.handled)} {done}, {len(report.still_parked)} still parked", highlight=False)
+    if report.still_parked:
+        raise typer.Exit(code=1)
+
+
+def _os_user() -> str:
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no name for the uid (a container)
+        return "unknown"
+
+
+@subscriptions_cli.command("reset")
+def subscriptions_reset(
+    name: NameArgument,
+    to: Annotated[str, typer.Option("--to", help="earliest, or an ISO 8601 time (e.g. 2025-01-31T12:00:00+00:00).")],
+) -> None:
+    """Replay: rewind the offsets (a database handler's on_reset hook runs in the same
+    transaction); handlers see ctx.replaying until the subscription is back where it was."""
+    from datetime import UTC, datetime
+
+    from .subscriptions.operations import RefusedError
+
+    if to == "earliest":
+        when = None
+    else:
+        try:
+            when = datetime.fromisoformat(to)
+        except ValueError:
+            raise fail(f"--to must be earliest or an ISO 8601 time, not {to!r}") from None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+    try:
+        offsets = asyncio.run(subscription_operations(load_settings(), name).reset(when))
+    except RefusedError as error:
+        raise fail(str(error)) from None
+    for tp, offset in sorted(offsets.items()):
+        console.print(f"{tp.topic}/{tp.partition} -> {offset}", highlight=False)
+    console.print(f"{name}: reset to {to}", highlight=False)
 
 
 def print_rows(columns: list[str], rows: list[list[Any]], output: str) -> None:

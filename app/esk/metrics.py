@@ -30,3 +30,15 @@ REVOKE_SECONDS = Histogram(
 STORE_MEMORY = Gauge("esk_rocksdb_cache_bytes", "RocksDB shared cache usage (blocks + memtables)", ["role"])
 HTTP_OUTCOME_TIMEOUTS = Counter("esk_http_outcome_timeouts_total", "Commands answered 503: no outcome in time")
 EXPIRED = Counter("esk_expired_entries_total", "Store entries deleted by TTL (aggregates and de-duplication entries)")
+SUBSCRIPTION_EVENTS = Counter(
+    "esk_subscription_events_total",
+    "Events a subscription handled, parked, or saw fail an attempt",
+    ["subscription", "result"],
+)
+SUBSCRIPTION_LAG = Gauge(
+    "esk_subscription_lag", "Records of an input partition not yet handled by the subscription", ["subscription", "topic", "partition"]
+)
+SUBSCRIPTION_CAUGHT_UP = Gauge(
+    "esk_subscription_caught_up", "1 when every input partition this subscriber owns is handled up to its end", ["subscription"]
+)
+SUBSCRIPTION_PARTITIONS = Gauge("esk_subscription_partitions", "Input partitions this subscriber owns and has started", ["subscription"])

@@ -1,4 +1,4 @@
-"""Process entry points behind `esk processor`, `esk api` and `esk dev`."""
+"""Process entry points behind `esk processor`, `esk api`, `esk subscriber` and `esk dev`."""
 
 from __future__ import annotations
 
@@ -87,14 +87,33 @@ def run_api(settings: Settings) -> None:
     )
 
 
-def run_dev(settings: Settings) -> None:
-    """API and processor as two child processes (as in production); Ctrl-C stops both."""
+def run_subscriber(settings: Settings, name: str) -> None:
+    """One subscription's consumer group member."""
+    from .subscriptions.catalog import configured_subscriptions
+    from .subscriptions.runner import SubscriptionRunner
+
+    registry = load_registry(settings.domain)
+    runner = SubscriptionRunner(settings, configured_subscriptions(settings)[name], registry)
+    if settings.subscriber.metrics_port is not None:
+        start_http_server(settings.subscriber.metrics_port, settings.subscriber.metrics_host)
+    _freeze_startup_objects()
+    asyncio.run(_until_signalled(runner.run))
+
+
+def run_dev(settings: Settings, subscriptions: list[str]) -> None:
+    """API, processor and each subscription as child processes (as in production); Ctrl-C
+    stops all of them."""
     esk = [sys.executable, "-m", "esk"]
     env = {**os.environ, "ESK_KAFKA__BOOTSTRAP_SERVERS": settings.bootstrap_servers}
     children = [
         subprocess.Popen([*esk, "processor"], env=env),
         subprocess.Popen([*esk, "api"], env=env),
     ]
+    first_port = settings.subscriber.metrics_port
+    for n, name in enumerate(subscriptions):
+        # each on a metrics port of its own, the next one up
+        port = {"ESK_SUBSCRIBER__METRICS_PORT": str(first_port + n)} if first_port is not None else {}
+        children.append(subprocess.Popen([*esk, "subscriber", name], env={**env, **port}))
     try:
         while all(child.poll() is None for child in children):
             time.sleep(0.5)

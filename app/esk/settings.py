@@ -116,6 +116,23 @@ class ProjectionSettings(BaseModel):
     api_row_limit: int = 1000
 
 
+class SubscriberSettings(BaseModel):
+    """`esk subscriber NAME`: one subscription's process (each subscription declares its own
+    retries; these are the process's bounds)."""
+
+    # Where a DatabaseHandler without a database of its own keeps its SQLite file
+    # (`<data_dir>/<name>.sqlite`).
+    data_dir: Path = DATA_ROOT / "subscriptions"
+    # Records handed to one partition's handlers at a time: one transaction's worth.
+    batch_max_records: int = 500
+    session_timeout_ms: int = 10_000
+    max_poll_interval_ms: int = 300_000
+    # Prometheus metrics of `esk subscriber` (None: no metrics server); `esk dev` gives
+    # each subscription's process the next port.
+    metrics_port: int | None = 9465
+    metrics_host: str = "127.0.0.1"
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="ESK_",
@@ -130,12 +147,16 @@ class Settings(BaseSettings):
     domain: str = "domain:AGGREGATES"
     # Where the user's read models live ("module:attribute" naming a list of Projection).
     read_models: str = "projections:READ_MODELS"
+    # Where the user's subscriptions live ("module:attribute" naming a list of Reactor,
+    # DatabaseHandler or SideEffectHandler).
+    subscriptions: str = "subscriptions:SUBSCRIPTIONS"
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     broker: BrokerSettings = Field(default_factory=BrokerSettings)
     topics: TopicSettings = Field(default_factory=TopicSettings)
     processor: ProcessorSettings = Field(default_factory=ProcessorSettings)
     api: ApiSettings = Field(default_factory=ApiSettings)
     projections: ProjectionSettings = Field(default_factory=ProjectionSettings)
+    subscriber: SubscriberSettings = Field(default_factory=SubscriberSettings)
     log_level: str = "INFO"
 
     @property

@@ -1,0 +1,221 @@
+"""A DatabaseHandler's sink: its handlers' writes, its offsets (`esk_offsets`) and its parked
+events (`esk_parked`) in one transaction of its own database.
+
+The offset row is a compare-and-set: a unit commits only if the row still holds the offset
+this member last read or wrote. A stale member (it lost the partition, or a reset rewound
+it) finds the row changed, rolls everything back and starts the partition again from what
+the row says. Each event runs in a savepoint, so a failing one is undone alone.
+"""
+
+from __future__ import annotations
+
+import msgspec
+from aiokafka import TopicPartition
+
+from .api import DatabaseHandler
+from .database import Database, Row, Sql, Transaction
+from .parking import ParkedEvent, ParkStatus
+from .routing import Delivery, call_handler
+from .sinks import Fenced, PartitionSink, StartingPoint, Unit
+
+# Portable SQL (SQLite and PostgreSQL alike), with `?` placeholders.
+ESK_TABLES = (
+    """CREATE TABLE IF NOT EXISTS esk_offsets (
+        subscription TEXT NOT NULL,
+        topic TEXT NOT NULL,
+        kafka_partition INTEGER NOT NULL,
+        next_offset BIGINT NOT NULL,
+        replay_until BIGINT NOT NULL DEFAULT 0,
+        PRIMARY KEY (subscription, topic, kafka_partition))""",
+    """CREATE TABLE IF NOT EXISTS esk_parked (
+        subscription TEXT NOT NULL,
+        topic TEXT NOT NULL,
+        kafka_partition INTEGER NOT NULL,
+        kafka_offset BIGINT NOT NULL,
+        aggregate_id TEXT NOT NULL,
+        event_type TEXT,
+        status TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        attempts INTEGER NOT NULL,
+        parked_at BIGINT NOT NULL,
+        resolved_by TEXT,
+        resolved_at BIGINT,
+        record_key BYTEA,
+        record_value BYTEA,
+        record_headers TEXT NOT NULL,
+        PRIMARY KEY (subscription, topic, kafka_partition, kafka_offset))""",
+)
+_PARKED_COLUMNS = (
+    "subscription, topic, kafka_partition, kafka_offset, aggregate_id, event_type, status, reason, attempts, "
+    "parked_at, resolved_by, resolved_at, record_key, record_value, record_headers"
+)
+_HEADERS = msgspec.json.Encoder()
+_HEADERS_DECODER = msgspec.json.Decoder(list[tuple[str, bytes]])
+
+
+async def prepare(database: Database, subscription: DatabaseHandler) -> None:
+    """esk's tables and the subscription's own schema, in one transaction."""
+    await database.open()
+    async with database.transaction() as tx:
+        for statement in ESK_TABLES:
+            await tx.esk.execute(statement)
+        for statement in subscription.schema:
+            await tx.sql.execute(statement)
+
+
+async def save_parked(sql: Sql, event: ParkedEvent) -> None:
+    await sql.execute(
+        f"INSERT INTO esk_parked ({_PARKED_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+        "ON CONFLICT (subscription, topic, kafka_partition, kafka_offset) DO UPDATE SET status = excluded.status, "
+        "reason = excluded.reason, attempts = excluded.attempts, resolved_by = excluded.resolved_by, "
+        "resolved_at = excluded.resolved_at",
+        (
+            event.subscription, event.topic, event.partition, event.offset, event.aggregate_id, event.event_type,
+            event.status.value, event.reason, event.attempts, event.parked_at, event.resolved_by, event.resolved_at,
+            event.key, event.value, _HEADERS.encode(event.headers).decode(),
+        ),
+    )
+
+
+async def load_parked(sql: Sql, subscription: str, status: ParkStatus | None = ParkStatus.PARKED) -> list[ParkedEvent]:
+    where = "subscription = ?" + (" AND status = ?" if status is not None else "")
+    params: tuple[str, ...] = (subscription, status.value) if status is not None else (subscription,)
+    rows = await sql.fetchall(
+        f"SELECT {_PARKED_COLUMNS} FROM esk_parked WHERE {where} ORDER BY topic, kafka_partition, kafka_offset", params
+    )
+    return [_parked_event(row) for row in rows]
+
+
+def _parked_event(row: Row) -> ParkedEvent:
+    (subscription, topic, partition, offset, aggregate_id, event_type, status, reason, attempts, parked_at,
+     resolved_by, resolved_at, key, value, headers) = row
+    return ParkedEvent(
+        subscription, topic, partition, offset, aggregate_id, event_type, reason, attempts,
+        None if key is None else bytes(key), None if value is None else bytes(value), _HEADERS_DECODER.decode(headers),
+        parked_at, ParkStatus(status), resolved_by, resolved_at,
+    )
+
+
+async def read_offsets(sql: Sql, subscription: str) -> dict[TopicPartition, tuple[int, int]]:
+    """(next offset, replay until) of each partition the subscription has committed."""
+    rows = await sql.fetchall(
+        "SELECT topic, kafka_partition, next_offset, replay_until FROM esk_offsets WHERE subscription = ?", (subscription,)
+    )
+    return {TopicPartition(topic, partition): (next_offset, replay_until) for topic, partition, next_offset, replay_until in rows}
+
+
+async def rewind(sql: Sql, subscription: str, offsets: dict[TopicPartition, int]) -> None:
+    """Set each partition's next offset, remembering how far it had been (what is handled
+    again below that is a replay); parked events at or after the new offset go, since the
+    replay meets them again."""
+    current = await read_offsets(sql, subscription)
+    for tp, offset in offsets.items():
+        before, replay_until = current.get(tp, (0, 0))
+        await sql.execute(
+            "INSERT INTO esk_offsets (subscription, topic, kafka_partition, next_offset, replay_until) VALUES (?, ?, ?, ?, ?) "
+            "ON CONFLICT (subscription, topic, kafka_partition) DO UPDATE SET next_offset = excluded.next_offset, "
+            "replay_until = excluded.replay_until",
+            (subscription, tp.topic, tp.partition, offset, max(before, replay_until)),
+        )
+        await sql.execute(
+            "DELETE FROM esk_parked WHERE subscription = ? AND topic = ? AND kafka_partition = ? AND kafka_offset >= ? "
+            "AND status = ?",
+            (subscription, tp.topic, tp.partition, offset, ParkStatus.PARKED.value),
+        )
+
+
+class DatabaseSink(PartitionSink):
+    def __init__(self, database: Database, subscription: DatabaseHandler, tp: TopicPartition) -> None:
+        self.database = database
+        self.subscription = subscription
+        self.tp = tp
+        self.expected: int | None = None  # what the offset row holds, as this member last saw it
+
+    async def open(self) -> StartingPoint:
+        async with self.database.transaction() as tx:
+            row = await tx.esk.fetchone(
+                "SELECT next_offset, replay_until FROM esk_offsets WHERE subscription = ? AND topic = ? AND kafka_partition = ?",
+                self._where(),
+            )
+            parked = await tx.esk.fetchall(
+                "SELECT DISTINCT aggregate_id FROM esk_parked WHERE subscription = ? AND topic = ? AND kafka_partition = ? "
+                "AND status = ?",
+                (*self._where(), ParkStatus.PARKED.value),
+            )
+        self.expected = None if row is None else int(row[0])
+        return StartingPoint(self.expected, 0 if row is None else int(row[1]), frozenset(str(r[0]) for r in parked))
+
+    async def begin(self) -> Unit:
+        return DatabaseUnit(self, await self.database.begin())
+
+    async def verify(self) -> None:
+        async with self.database.transaction() as tx:
+            row = await tx.esk.fetchone(
+                "SELECT next_offset FROM esk_offsets WHERE subscription = ? AND topic = ? AND kafka_partition = ?", self._where()
+            )
+        if (None if row is None else int(row[0])) != self.expected:
+            raise Fenced(f"{self.subscription.name}: the offset of {self.tp.topic}/{self.tp.partition} moved under this member")
+
+    async def close(self) -> None:
+        """The database is the subscription's, shared by its partitions: the runner closes it."""
+
+    def _where(self) -> tuple[str, str, int]:
+        return self.subscription.name, self.tp.topic, self.tp.partition
+
+    async def move_offset(self, sql: Sql, next_offset: int) -> bool:
+        """The compare-and-set: True when the row held what this member expected."""
+        if self.expected is None:
+            changed = await sql.execute(
+                "INSERT INTO esk_offsets (subscription, topic, kafka_partition, next_offset) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (subscription, topic, kafka_partition) DO NOTHING",
+                (*self._where(), next_offset),
+            )
+        else:
+            changed = await sql.execute(
+                "UPDATE esk_offsets SET next_offset = ? WHERE subscription = ? AND topic = ? AND kafka_partition = ? "
+                "AND next_offset = ?",
+                (next_offset, *self._where(), self.expected),
+            )
+        return changed == 1
+
+
+class DatabaseUnit(Unit):
+    def __init__(self, sink: DatabaseSink, transaction: Transaction) -> None:
+        self.sink = sink
+        self.transaction = transaction
+        self._over = False
+
+    async def apply(self, delivery: Delivery, replaying: bool) -> None:
+        async with self.transaction.savepoint():
+            await call_handler(delivery, self.sink.subscription.name, replaying, db=self.transaction.sql)
+
+    async def park(self, event: ParkedEvent) -> None:
+        await save_parked(self.transaction.esk, event)
+
+    async def parked_of(self, aggregate_id: str) -> list[ParkedEvent]:
+        rows = await self.transaction.esk.fetchall(
+            f"SELECT {_PARKED_COLUMNS} FROM esk_parked WHERE subscription = ? AND topic = ? AND kafka_partition = ? "
+            "AND aggregate_id = ? AND status = ? ORDER BY kafka_offset",
+            (*self.sink._where(), aggregate_id, ParkStatus.PARKED.value),
+        )
+        return [_parked_event(row) for row in rows]
+
+    async def commit(self, next_offset: int | None) -> None:
+        self._over = True
+        try:
+            moved = next_offset is None or await self.sink.move_offset(self.transaction.esk, next_offset)
+        except BaseException:
+            await self.transaction.rollback()
+            raise
+        if not moved:
+            await self.transaction.rollback()
+            raise Fenced(f"{self.sink.subscription.name}: the offset of {self.sink.tp.topic}/{self.sink.tp.partition} moved under this member")
+        await self.transaction.commit()
+        if next_offset is not None:
+            self.sink.expected = next_offset
+
+    async def abort(self) -> None:
+        if not self._over:
+            self._over = True
+            await self.transaction.rollback()
+

@@ -1,0 +1,266 @@
+"""What `esk subscriptions status|parked|retry|skip|reset` does to one subscription.
+
+Retry and skip go through the same sinks as the subscriber, partition by partition: a
+Reactor's partition producer is taken over (init_transactions with the partition's
+transactional id), which fences the running member's producer, so what the retry sends
+and what it marks retried commit together, and the member starts that partition again
+from what committed; a DatabaseHandler's retry is one transaction of its database per
+aggregate, serialized with the subscriber's own.
+
+A reset rewinds the offsets and leaves a replay mark (handlers see `ctx.replaying` until
+the subscription is back where it was). A DatabaseHandler's reset is one transaction with
+its `on_reset` hook, and may run while subscribers do (their next commit finds the offset
+moved and they start again from it); the Kafka kinds' offsets can only be moved while the
+group has no member.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from ..domain.aggregate import AggregateType
+from ..kafka.client_options import client_options
+from ..kafka.groups import all_partitions, commit_offsets_of_empty_group, committed_offsets, group_members, partition_offsets
+from ..settings import Settings
+from .api import AnySubscription, DatabaseHandler
+from .database import Transaction
+from .database_sink import load_parked, read_offsets, rewind
+from .parked_topic import parked_key, replay_key
+from .parking import ParkedEvent, ParkStatus
+from .routing import Router, Undecodable
+from .sinks import Fenced, Unit
+from .stores import Stores, group_id
+
+FENCED_ATTEMPTS = 5  # a member that starts its partition again meanwhile fences the tool in turn
+
+
+class RefusedError(Exception):
+    """An operation that cannot run now, with what to do about it."""
+
+
+@dataclass(frozen=True)
+class PartitionStatus:
+    topic: str
+    partition: int
+    next_offset: int | None  # what the subscription committed (None: nothing yet)
+    end: int  # the partition's last stable offset
+
+    lag: int
+
+
+@dataclass(frozen=True)
+class SubscriptionStatus:
+    name: str
+    kind: str
+    partitions: list[PartitionStatus]
+
+    @property
+    def lag(self) -> int:
+        return sum(p.lag for p in self.partitions)
+
+    @property
+    def caught_up(self) -> bool:
+        return self.lag == 0
+
+
+@dataclass
+class RetryReport:
+    handled: list[ParkedEvent] = field(default_factory=list)  # now retried (or skipped)
+    still_parked: list[ParkedEvent] = field(default_factory=list)  # failed again, or behind one that did
+
+
+class SubscriptionOperations:
+    def __init__(self, settings: Settings, subscription: AnySubscription, registry: Mapping[str, AggregateType[Any]]) -> None:
+        self.settings = settings
+        self.subscription = subscription
+        self.router = Router(subscription, registry, settings.app)
+
+    @asynccontextmanager
+    async def _stores(self) -> AsyncIterator[Stores]:
+        stores = Stores(self.settings, self.subscription, self.router)
+        # In the group's name but never in the group: it reads committed offsets, it does not join.
+        consumer = AIOKafkaConsumer(**client_options(self.settings), group_id=stores.group_id, enable_auto_commit=False)
+        await consumer.start()
+        try:
+            await stores.open(consumer)
+            yield stores
+        finally:
+            await stores.close()
+            await consumer.stop()
+
+    async def committed(self) -> dict[TopicPartition, int]:
+        if isinstance(self.subscription, DatabaseHandler):
+            async with self._stores() as stores, _transaction(stores) as tx:
+                return {tp: offsets[0] for tp, offsets in (await read_offsets(tx.esk, self.subscription.name)).items()}
+        return await committed_offsets(self.settings, group_id(self.settings, self.subscription))
+
+    async def status(self) -> SubscriptionStatus:
+        tps = await all_partitions(self.settings, self.router.topics)
+        beginning, end, _ = await partition_offsets(self.settings, tps)
+        committed = await self.committed()
+        partitions = [
+            PartitionStatus(tp.topic, tp.partition, committed.get(tp), end[tp], max(0, end[tp] - committed.get(tp, beginning[tp])))
+            for tp in sorted(tps)
+        ]
+        return SubscriptionStatus(self.subscription.name, self.subscription.kind.value, partitions)
+
+    async def parked(self, include_resolved: bool = False) -> list[ParkedEvent]:
+        async with self._stores() as stores:
+            return await _all_parked(stores, include_resolved)
+
+    async def retry(self, aggregate_id: str | None, by: str) -> RetryReport:
+        """Handle each parked aggregate's events again, in order, with today's code; the
+        first that fails again stays parked, and the aggregate's later ones with it."""
+        return await self._resolve(aggregate_id, by, ParkStatus.RETRIED)
+
+    async def skip(self, aggregate_id: str | None, by: str) -> RetryReport:
+        """Drop the parked events, keeping the record of who skipped them and when."""
+        return await self._resolve(aggregate_id, by, ParkStatus.SKIPPED)
+
+    async def _resolve(self, aggregate_id: str | None, by: str, status: ParkStatus) -> RetryReport:
+        report = RetryReport()
+        async with self._stores() as stores:
+            parked = [p for p in await _all_parked(stores, False) if aggregate_id is None or p.aggregate_id == aggregate_id]
+            partitions: dict[TopicPartition, set[str]] = {}
+            for event in parked:
+                partitions.setdefault(TopicPartition(event.topic, event.partition), set()).add(event.aggregate_id)
+            for tp, aggregates in sorted(partitions.items()):
+                for attempt in range(1, FENCED_ATTEMPTS + 1):
+                    try:
+                        await self._resolve_partition(stores, tp, sorted(aggregates), by, status, report)
+                        break
+                    except Fenced:
+                        if attempt == FENCED_ATTEMPTS:
+                            raise
+        return report
+
+    async def _resolve_partition(
+        self, stores: Stores, tp: TopicPartition, aggregates: list[str], by: str, status: ParkStatus, report: RetryReport
+    ) -> None:
+        """Each aggregate's parked events in one unit of the partition's sink; what a unit
+        committed goes into `report`."""
+        sink = stores.sink(tp)
+        await sink.open()  # a Reactor's: fences the member that has the partition
+        try:
+            for aggregate_id in aggregates:
+                resolved: list[ParkedEvent] = []
+                still_parked: list[ParkedEvent] = []
+                unit = await sink.begin()
+                try:
+                    for event in await unit.parked_of(aggregate_id):  # as of now, after the fencing
+                        reason = None
+                        if not still_parked and status is ParkStatus.RETRIED:
+                            reason = await self._handle_again(unit, event)
+                        if reason is not None:
+                            event = event.failed_again(reason, 1)
+                            await unit.park(event)
+                        if reason is not None or still_parked:
+                            still_parked.append(event)
+                        else:
+                            resolved.append(event.resolved(status, by))
+                            await unit.park(resolved[-1])
+                except BaseException:
+                    await unit.abort()
+                    raise
+                await unit.commit(None)
+                report.handled.extend(resolved)
+                report.still_parked.extend(still_parked)
+        finally:
+            await sink.close()
+
+    async def _handle_again(self, unit: Unit, event: ParkedEvent) -> str | None:
+        """None when the event was handled; else why it failed."""
+        record = event.record()
+        route = self.router.select(record)
+        if route is None:
+            return None  # the subscription no longer handles this type: nothing to do
+        try:
+            delivery = self.router.decode(record, route)
+        except Undecodable as error:
+            return f"undecodable: {error}"
+        if delivery is None:
+            return None
+        try:
+            await unit.apply(delivery, False)
+        except Exception as error:
+            return f"{type(error).__name__}: {error}"
+        return None
+
+    async def reset(self, to: datetime | None) -> dict[TopicPartition, int]:
+        """Rewind to the earliest offsets (`to` None) or to the first record at or after
+        `to`; return the new offsets."""
+        tps = await all_partitions(self.settings, self.router.topics)
+        at_ms = None if to is None else int(to.timestamp() * 1000)
+        beginning, _, at = await partition_offsets(self.settings, tps, at_ms)
+        offsets = beginning if to is None else at
+        if isinstance(self.subscription, DatabaseHandler):
+            await self._reset_database(offsets)
+        else:
+            await self._reset_group(offsets)
+        return offsets
+
+    async def _reset_database(self, offsets: dict[TopicPartition, int]) -> None:
+        assert isinstance(self.subscription, DatabaseHandler)
+        async with self._stores() as stores, _transaction(stores) as tx:
+            if self.subscription.on_reset is not None:
+                await self.subscription.on_reset(tx.sql)
+            await rewind(tx.esk, self.subscription.name, offsets)
+
+    async def _reset_group(self, offsets: dict[TopicPartition, int]) -> None:
+        group = group_id(self.settings, self.subscription)
+        members = await group_members(self.settings, group)
+        if members:
+            raise RefusedError(
+                f"subscription {self.subscription.name!r} has {len(members)} running member(s) ({', '.join(members)}): "
+                "stop its `esk subscriber` processes first; its offsets are in Kafka and move only while nobody reads them"
+            )
+        before = await committed_offsets(self.settings, group)
+        async with self._stores() as stores:
+            assert stores.parked_topic is not None
+            topic = stores.parked_topic
+            marks = {}
+            for tp in offsets:
+                state = await topic.refresh(topic.partition_of(tp.partition))
+                marks[tp] = max(before.get(tp, 0), state.replay_until.get((tp.topic, tp.partition), 0))
+            await commit_offsets_of_empty_group(self.settings, group, offsets)
+            # After the offsets: a crash between the two leaves parked events the replay
+            # parks again under the same key, never parked events without their replay.
+            producer = AIOKafkaProducer(**client_options(self.settings), acks="all", enable_idempotence=True)
+            await producer.start()
+            try:
+                for tp, offset in offsets.items():
+                    partition = topic.partition_of(tp.partition)
+                    await producer.send_and_wait(topic.topic, str(marks[tp]).encode(), key=replay_key(tp.topic, tp.partition), partition=partition)
+                    state = await topic.refresh(partition)
+                    for event in state.parked.values():
+                        if (event.topic, event.partition) == (tp.topic, tp.partition) and event.offset >= offset and event.status is ParkStatus.PARKED:
+                            await producer.send_and_wait(topic.topic, None, key=parked_key(event), partition=partition)
+            finally:
+                await producer.stop()
+
+
+@asynccontextmanager
+async def _transaction(stores: Stores) -> AsyncIterator[Transaction]:
+    assert stores.database is not None
+    async with stores.database.transaction() as tx:
+        yield tx
+
+
+async def _all_parked(stores: Stores, include_resolved: bool) -> list[ParkedEvent]:
+    if stores.database is not None:
+        async with stores.database.transaction() as tx:
+            return await load_parked(tx.esk, stores.subscription.name, None if include_resolved else ParkStatus.PARKED)
+    topic = stores.parked_topic
+    assert topic is not None
+    found: list[ParkedEvent] = []
+    for partition in range(topic.partition_count):
+        state = await topic.refresh(partition)
+        found.extend(e for e in state.parked.values() if include_resolved or e.status is ParkStatus.PARKED)
+    return sorted(found, key=lambda e: (e.topic, e.partition, e.offset))
+

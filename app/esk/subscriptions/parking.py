@@ -1,0 +1,102 @@
+"""Parked events: what a subscription could not handle, kept with the reason until someone
+retries or skips them.
+
+A parked event holds the record as it was read (key, value, headers), so a retry decodes it
+again with the code and upcasters of the day. While an aggregate has a parked event, its
+later events are parked behind it, in order; every other aggregate goes on.
+
+A DatabaseHandler keeps them in its database (`esk_parked`, database_sink.py), the Kafka
+kinds on a compacted topic of their own (parked_topic.py).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+import msgspec
+from aiokafka.structs import ConsumerRecord
+
+from ..protocol import now_ms
+
+
+class ParkStatus(StrEnum):
+    PARKED = "parked"
+    RETRIED = "retried"  # handled by `esk subscriptions retry`
+    SKIPPED = "skipped"  # dropped by `esk subscriptions skip`
+
+
+class ParkedEvent(msgspec.Struct, frozen=True):
+    subscription: str
+    topic: str
+    partition: int
+    offset: int
+    aggregate_id: str  # the record's key: what later events wait behind
+    event_type: str | None  # from the record's header, when it had one
+    reason: str
+    attempts: int
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes]]
+    parked_at: int = msgspec.field(default_factory=now_ms)
+    status: ParkStatus = ParkStatus.PARKED
+    resolved_by: str | None = None
+    resolved_at: int | None = None
+
+    @classmethod
+    def of(cls, subscription: str, record: ConsumerRecord[bytes, bytes], reason: str, attempts: int) -> ParkedEvent:
+        return cls(
+            subscription,
+            record.topic,
+            record.partition,
+            record.offset,
+            aggregate_key(record),
+            header(record, "esk-event-type"),
+            reason,
+            attempts,
+            record.key,
+            record.value,
+            [(name, bytes(value)) for name, value in record.headers],
+        )
+
+    @property
+    def position(self) -> str:
+        return f"{self.topic}/{self.partition}/{self.offset}"
+
+    def record(self) -> ConsumerRecord[bytes, bytes]:
+        """The record as it was read, to be handled again."""
+        return ConsumerRecord(
+            topic=self.topic, partition=self.partition, offset=self.offset, timestamp=self.parked_at, timestamp_type=0,
+            key=self.key, value=self.value, checksum=None, serialized_key_size=-1, serialized_value_size=-1,
+            headers=list(self.headers),
+        )
+
+    def resolved(self, status: ParkStatus, by: str) -> ParkedEvent:
+        return msgspec.structs.replace(self, status=status, resolved_by=by, resolved_at=now_ms())
+
+    def failed_again(self, reason: str, attempts: int) -> ParkedEvent:
+        return msgspec.structs.replace(self, reason=reason, attempts=self.attempts + attempts)
+
+    def encode(self) -> bytes:
+        return _ENCODER.encode(self)
+
+
+    @classmethod
+    def decode(cls, value: bytes) -> ParkedEvent:
+        return _DECODER.decode(value)
+
+
+_ENCODER = msgspec.json.Encoder()
+_DECODER = msgspec.json.Decoder(ParkedEvent)
+
+
+def aggregate_key(record: ConsumerRecord[bytes, bytes]) -> str:
+    """What a record's later records of the same aggregate wait behind: its key, the
+    aggregate id on every topic a subscription reads."""
+    return record.key.decode(errors="replace") if record.key is not None else ""
+
+
+def header(record: ConsumerRecord[bytes, bytes], name: str) -> str | None:
+    for key, value in record.headers:
+        if key == name:
+            return bytes(value).decode(errors="replace")
+    return None

@@ -1,0 +1,165 @@
+"""PostgreSQL as a DatabaseHandler's store, through psycopg 3 (`pip install 'esk[postgres]'`).
+
+    DatabaseHandler("ledger", reads=[orders], database=PostgreSQL("postgresql://app@db/shop"))
+
+Handlers write with psycopg's placeholders (`%s`, `%(name)s`). One connection per
+subscriber process, one transaction at a time on it, as with SQLite; the offset row's
+compare-and-set holds across processes because PostgreSQL re-reads a row another
+transaction changed before it updates it (READ COMMITTED): the second of two members
+updating the same offset finds it no longer what it expected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .database import Database, Params, Row, Transaction
+
+if TYPE_CHECKING:
+    import psycopg
+
+
+@dataclass(frozen=True)
+class PostgreSQL:
+    """A PostgreSQL database, by its connection string (libpq's: a URL or `key=value` pairs)."""
+
+    dsn: str
+
+    def connect(self, default_path: Path) -> Database:
+        return PostgresDatabase(self.dsn)
+
+
+async def _finish(statement: Any) -> Any:
+    """Await a statement; if the caller is cancelled meanwhile, let it end anyway, so that
+    the connection is in a known state when the error goes up."""
+    running = asyncio.ensure_future(statement)
+    try:
+        return await asyncio.shield(running)
+    except asyncio.CancelledError:
+        await asyncio.wait([running])
+        raise
+
+
+def _params(params: Params) -> Params | None:
+    # None, not an empty sequence: with no parameters psycopg leaves a `%` in the SQL alone.
+    return params or None
+
+
+class _PostgresSql:
+    def __init__(self, connection: psycopg.AsyncConnection[Row]) -> None:
+        self._connection = connection
+
+    async def execute(self, sql: str, params: Params = ()) -> int:
+        cursor = await self._connection.execute(sql, _params(params))
+        return cursor.rowcount
+
+    async def fetchone(self, sql: str, params: Params = ()) -> Row | None:
+        cursor = await self._connection.execute(sql, _params(params))
+        return await cursor.fetchone()
+
+    async def fetchall(self, sql: str, params: Params = ()) -> list[Row]:
+        cursor = await self._connection.execute(sql, _params(params))
+        return await cursor.fetchall()
+
+
+class _EskSql(_PostgresSql):
+    """esk's own statements are written with `?` (and hold no other `?` nor `%`)."""
+
+    async def execute(self, sql: str, params: Params = ()) -> int:
+        return await super().execute(sql.replace("?", "%s"), params)
+
+    async def fetchone(self, sql: str, params: Params = ()) -> Row | None:
+        return await super().fetchone(sql.replace("?", "%s"), params)
+
+    async def fetchall(self, sql: str, params: Params = ()) -> list[Row]:
+        return await super().fetchall(sql.replace("?", "%s"), params)
+
+
+class _PostgresTransaction(Transaction):
+    def __init__(self, database: PostgresDatabase, connection: psycopg.AsyncConnection[Row]) -> None:
+        self._database = database
+        self._connection = connection
+        self.sql = _PostgresSql(connection)
+        self.esk = _EskSql(connection)
+        self._savepoints = 0
+        self._open = True
+
+    @asynccontextmanager
+    async def savepoint(self) -> AsyncIterator[None]:
+        self._savepoints += 1
+        name = f"esk_{self._savepoints}"
+        await self._connection.execute(f"SAVEPOINT {name}")
+        try:
+            yield
+        except BaseException:
+            await self._connection.execute(f"ROLLBACK TO SAVEPOINT {name}")
+            await self._connection.execute(f"RELEASE SAVEPOINT {name}")
+            raise
+        await self._connection.execute(f"RELEASE SAVEPOINT {name}")
+
+    async def commit(self) -> None:
+        try:
+            await _finish(self._connection.execute("COMMIT"))
+        finally:
+            self._end()
+
+    async def rollback(self) -> None:
+        try:
+            await self._connection.execute("ROLLBACK")
+        finally:
+            self._end()
+
+    def _end(self) -> None:
+        if self._open:
+            self._open = False
+            self._database.lock.release()
+
+
+_IDLE = 0  # psycopg.pq.TransactionStatus.IDLE, without importing psycopg where it is not installed
+
+
+class PostgresDatabase(Database):
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self.lock = asyncio.Lock()
+        self._connection: psycopg.AsyncConnection[Row] | None = None
+
+    def describe(self) -> str:
+        from psycopg.conninfo import conninfo_to_dict
+
+        info: dict[str, Any] = conninfo_to_dict(self.dsn)
+        return f"postgresql://{info.get('host', 'localhost')}:{info.get('port', 5432)}/{info.get('dbname', '')}"
+
+    async def open(self) -> None:
+        if self._connection is not None:
+            return
+        try:
+            import psycopg
+        except ImportError:
+            raise ImportError("a PostgreSQL database needs psycopg: pip install 'esk[postgres]'") from None
+        # autocommit: esk says BEGIN and COMMIT itself, as it does with SQLite.
+        self._connection = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
+
+    async def begin(self) -> Transaction:
+        connection = self._connection
+        if connection is None:
+            raise RuntimeError(f"{self.describe()} is not open")
+        await self.lock.acquire()
+        try:
+            await _finish(connection.execute("BEGIN"))
+        except BaseException:
+            if connection.info.transaction_status != _IDLE:  # begun after all, while the caller was cancelled
+                await connection.execute("ROLLBACK")
+            self.lock.release()
+            raise
+        return _PostgresTransaction(self, connection)
+
+    async def close(self) -> None:
+        if self._connection is not None:
+            await self._connection.close()
+            self._connection = None

@@ -1,0 +1,239 @@
+"""SubscriptionRunner: one subscription's consumer group member (`esk subscriber NAME`).
+
+The group is `<app>.subscription.<name>`; it reads the events topics of the aggregate types
+the subscription reads (and `<app>.results`, for a reactor's outcome handlers). Each
+assigned partition is an InputPartition: a task that takes the partition (its sink fences
+the previous owner and says where to start), then handles what the poll loop hands it,
+one fetched chunk at a time.
+
+The partition is paused from the moment a chunk is handed over until it is handled, so a
+handler that retries for minutes holds back its own partition only; the loop goes on
+polling (which keeps the member in the group, max.poll.interval.ms) and feeding the others.
+A partition whose commit fails, fenced or otherwise, starts again from what its sink says.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import IllegalStateError
+from aiokafka.structs import ConsumerRecord
+
+from ..domain.aggregate import AggregateType
+from ..kafka.client_options import client_options
+from ..metrics import SUBSCRIPTION_CAUGHT_UP, SUBSCRIPTION_LAG, SUBSCRIPTION_PARTITIONS
+from ..settings import Settings
+from .api import AnySubscription
+from .routing import Router, check_outcome_commands
+from .stores import Stores, group_id
+from .worker import PartitionWorker
+
+log = logging.getLogger(__name__)
+
+Chunk = tuple[Sequence[ConsumerRecord[bytes, bytes]], int]  # records, and the position after them
+RESTART_DELAYS_S = (0.5, 1.0, 2.0, 5.0)
+IDLE_CHECK_S = 1.0
+
+
+class InputPartition:
+    """One assigned input partition: its worker, started (and started again) in a task."""
+
+    def __init__(self, runner: SubscriptionRunner, tp: TopicPartition) -> None:
+        self.runner = runner
+        self.tp = tp
+        self.worker: PartitionWorker | None = None
+        self.running = False  # started: records handed over are handled
+        self.busy = False  # a chunk is handed over and not yet handled
+        self._chunks: asyncio.Queue[Chunk] = asyncio.Queue()
+        self._task = asyncio.create_task(self._run(), name=f"{runner.subscription.name}-{tp.topic}-{tp.partition}")
+
+    def hand_over(self, chunk: Chunk) -> None:
+        self.busy = True
+        self.runner.consumer.pause(self.tp)
+        self._chunks.put_nowait(chunk)
+
+    async def stop(self) -> None:
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+    async def _run(self) -> None:
+        failures = 0
+        while True:
+            self.worker = PartitionWorker(self.runner.subscription, self.runner.router, self.runner.stores.sink(self.tp))
+            try:
+                await self._start(self.worker)
+                failures = 0
+                while True:
+                    records, end = await self._chunks.get()
+                    await self.worker.handle(records, end)
+                    self._resume()
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:
+                failures += 1
+                delay = RESTART_DELAYS_S[min(failures, len(RESTART_DELAYS_S)) - 1]
+                log.warning("%s: %s/%s starts again in %.1fs after %r", self.runner.subscription.name, self.tp.topic, self.tp.partition, delay, error)
+                self.running = self.busy = False
+                self.runner.consumer.pause(self.tp)
+                while not self._chunks.empty():
+                    self._chunks.get_nowait()  # read again from where the partition starts
+                await asyncio.sleep(delay)
+            finally:
+                self.running = False
+                await _quietly(self.worker.close())
+
+    async def _start(self, worker: PartitionWorker) -> None:
+        consumer = self.runner.consumer
+        consumer.pause(self.tp)
+        start = await worker.open()
+        if start is None:
+            await consumer.seek_to_beginning(self.tp)
+        else:
+            consumer.seek(self.tp, start)
+        self.running = True
+        self._resume()
+        log.info("%s: %s/%s started at %s", self.runner.subscription.name, self.tp.topic, self.tp.partition, "the beginning" if start is None else start)
+
+    def _resume(self) -> None:
+        self.busy = False
+        if self.tp in self.runner.consumer.assignment():
+            self.runner.consumer.resume(self.tp)
+
+
+async def _quietly(closing: Any) -> None:
+    try:
+        await closing
+    except Exception as error:
+        log.warning("closing failed: %r", error)
+
+
+class SubscriptionRunner:
+    def __init__(self, settings: Settings, subscription: AnySubscription, registry: Mapping[str, AggregateType[Any]]) -> None:
+        check_outcome_commands(subscription, registry)
+        self.settings = settings
+        self.subscription = subscription
+        self.router = Router(subscription, registry, settings.app)
+        self.stores = Stores(settings, subscription, self.router)
+        self.group_id = group_id(settings, subscription)
+        self.partitions: dict[TopicPartition, InputPartition] = {}
+        self._consumer: AIOKafkaConsumer | None = None
+
+    @property
+    def consumer(self) -> AIOKafkaConsumer:
+        if self._consumer is None:
+            raise RuntimeError("the runner is not running")
+        return self._consumer
+
+    @property
+    def caught_up(self) -> bool:
+        """Every partition owned and started, and handled up to its end as last fetched."""
+        return bool(self.partitions) and all(lag == 0 for lag in self.lags().values())
+
+    def lags(self) -> dict[TopicPartition, int | None]:
+        """Records of each owned partition not handled yet (None: not known yet)."""
+        lags: dict[TopicPartition, int | None] = {}
+        for tp, partition in self.partitions.items():
+            end = self.consumer.last_stable_offset(tp) if partition.running else None
+            worker = partition.worker
+            if end is None or worker is None:
+                lags[tp] = None
+            else:
+                lags[tp] = max(0, end - (worker.next_offset or 0))
+        return lags
+
+    def _make_consumer(self) -> AIOKafkaConsumer:
+        s = self.settings.subscriber
+        return AIOKafkaConsumer(
+            **client_options(self.settings),
+            group_id=self.group_id,
+            client_id=f"{self.group_id}-consumer",
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            isolation_level="read_committed",
+            session_timeout_ms=s.session_timeout_ms,
+            heartbeat_interval_ms=max(s.session_timeout_ms // 4, 500),
+            max_poll_interval_ms=s.max_poll_interval_ms,
+        )
+
+    async def run(self, stop: asyncio.Event) -> None:
+        self._consumer = consumer = self._make_consumer()
+        await self.stores.open(consumer)
+        consumer.subscribe(self.router.topics, listener=_Listener(self))
+        try:
+            await consumer.start()
+            idle_checked = time.monotonic()
+            while not stop.is_set():
+                fetched = await consumer.getmany(timeout_ms=200, max_records=self.settings.subscriber.batch_max_records)
+                for tp, records in fetched.items():
+                    partition = self.partitions.get(tp)
+                    if partition is not None and partition.running and records:
+                        position = await self._position(tp)
+                        if position is not None:
+                            partition.hand_over((records, position))
+                if time.monotonic() - idle_checked >= IDLE_CHECK_S:
+                    idle_checked = time.monotonic()
+                    await self._move_idle_offsets()
+                    self._report()
+        finally:
+            await self._revoke(set(self.partitions))
+            await consumer.stop()
+            self._consumer = None
+            await self.stores.close()
+
+    async def _move_idle_offsets(self) -> None:
+        """Every idle partition gets an empty chunk: one whose position moved past records it
+        never handed over (transaction markers, aborted records) commits that position, so
+        that its lag reaches 0; the others check that the partition is still theirs."""
+        for tp, partition in list(self.partitions.items()):
+            worker = partition.worker
+            if partition.running and not partition.busy and worker is not None:
+                position = await self._position(tp)
+                if position is not None and (worker.next_offset is not None or position > 0):
+                    partition.hand_over(([], position))
+
+    async def _position(self, tp: TopicPartition) -> int | None:
+        """The consumer's position (None: the partition was just taken away by a rebalance)."""
+        try:
+            position: int = await self.consumer.position(tp)
+        except IllegalStateError:
+            return None
+        return position
+
+    def _report(self) -> None:
+        name = self.subscription.name
+        for tp, lag in self.lags().items():
+            if lag is not None:
+                SUBSCRIPTION_LAG.labels(name, tp.topic, str(tp.partition)).set(lag)
+        SUBSCRIPTION_PARTITIONS.labels(name).set(sum(p.running for p in self.partitions.values()))
+        SUBSCRIPTION_CAUGHT_UP.labels(name).set(1 if self.caught_up else 0)
+
+    async def _assign(self, assigned: set[TopicPartition]) -> None:
+        for tp in assigned:
+            self.consumer.pause(tp)  # until its sink says where to start
+            if tp not in self.partitions:
+                self.partitions[tp] = InputPartition(self, tp)
+
+    async def _revoke(self, revoked: set[TopicPartition]) -> None:
+        stopping = [self.partitions.pop(tp) for tp in revoked if tp in self.partitions]
+        await asyncio.gather(*(p.stop() for p in stopping))
+        for tp in revoked:
+            with contextlib.suppress(KeyError):  # never reported
+                SUBSCRIPTION_LAG.remove(self.subscription.name, tp.topic, str(tp.partition))
+
+
+class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka ships no type hints
+    def __init__(self, runner: SubscriptionRunner) -> None:
+        self.runner = runner
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        await self.runner._revoke(revoked)
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        await self.runner._assign(assigned)

@@ -1,0 +1,73 @@
+"""Where a subscription's effects, offsets and parked events go: one sink per input partition.
+
+Each kind has its own (kafka_sinks.py, database_sink.py); the PartitionWorker drives all of
+them alike: `open` (fence whoever had the partition, say where to start), then units of
+work, each ending in `commit(next_offset)`, which makes the handled records' effects, the
+parked ones and the offset visible together, or none of them.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+from .parking import ParkedEvent
+from .routing import Delivery
+
+
+class Fenced(Exception):
+    """The partition's offset moved under this member: another member has the partition
+    now, or a reset rewound it. Nothing of the unit was committed."""
+
+
+@dataclass(frozen=True)
+class StartingPoint:
+    next_offset: int | None  # None: nothing committed yet, start from the beginning
+    replay_until: int = 0  # events below this offset are handled again (a reset's replay)
+    parked: frozenset[str] = field(default_factory=frozenset)  # aggregates with parked events
+
+
+class Unit(ABC):
+    """One transaction's worth of a partition's work. After `commit` (which raises Fenced
+    when superseded) or `abort`, it is over; `abort` of a unit that is over does nothing."""
+
+    @abstractmethod
+    async def apply(self, delivery: Delivery, replaying: bool) -> None:
+        """Run the delivery's handler into this unit. If it raises, whatever it did is
+        undone (alone: what the unit held before stays) and the error goes up."""
+
+    @abstractmethod
+    async def park(self, event: ParkedEvent) -> None:
+        """Keep `event` (a parked one, or one whose status changed: the same position is
+        the same entry)."""
+
+    @abstractmethod
+    async def parked_of(self, aggregate_id: str) -> list[ParkedEvent]:
+        """This partition's events of the aggregate that are parked now, in order, as the
+        store has them (a retry or skip from the command line may have resolved some since
+        the partition started)."""
+
+    @abstractmethod
+    async def commit(self, next_offset: int | None) -> None:
+        """Make the unit's effects visible, with the offset moved to `next_offset` (None:
+        the offset stays where it is, for retries and skips from the command line)."""
+
+    @abstractmethod
+    async def abort(self) -> None: ...
+
+
+class PartitionSink(ABC):
+    @abstractmethod
+    async def open(self) -> StartingPoint:
+        """Take the partition: from here on, a previous owner can commit nothing more."""
+
+    @abstractmethod
+    async def begin(self) -> Unit: ...
+
+    async def verify(self) -> None:
+        """Raise Fenced if the partition's offset moved under this member while it had
+        nothing to commit (a database handler's offsets may be reset while it runs)."""
+        return  # the Kafka kinds' offsets move only while their group has no member
+
+    @abstractmethod
+    async def close(self) -> None: ...

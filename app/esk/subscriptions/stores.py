@@ -1,0 +1,83 @@
+"""Where one subscription keeps its effects, offsets and parked events, by kind, and the sink
+of each input partition onto them: what `esk subscriber` runs on, and what the
+`esk subscriptions` commands act on (the same sinks, so a retry from the command line is
+fenced and committed as the subscriber's own work is)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from ..kafka.client_options import client_options
+from ..kafka.topics import ensure_topics
+from ..settings import Settings
+from .api import AnySubscription, DatabaseHandler, Kind
+from .database import Database, SQLite
+from .database_sink import DatabaseSink, prepare
+from .kafka_sinks import OffsetCommitSink, TransactionalSink
+from .parked_topic import ParkedTopic, parked_topic_spec
+from .routing import Router
+from .sinks import PartitionSink
+
+
+def group_id(settings: Settings, subscription: AnySubscription) -> str:
+    return f"{settings.app}.subscription.{subscription.name}"
+
+
+def database_of(settings: Settings, subscription: DatabaseHandler) -> Database:
+    config = subscription.database or SQLite()
+    return config.connect(Path(settings.subscriber.data_dir) / f"{subscription.name}.sqlite")
+
+
+class Stores:
+    """Open it (inside the running loop) with the consumer whose group holds the Kafka kinds'
+    offsets: the subscriber's own member, or for a command-line tool one that is in no group
+    (it reads and commits offsets without joining)."""
+
+    def __init__(self, settings: Settings, subscription: AnySubscription, router: Router) -> None:
+        self.settings = settings
+        self.subscription = subscription
+        self.router = router
+        self.group_id = group_id(settings, subscription)
+        self.database: Database | None = None
+        self.parked_topic: ParkedTopic | None = None
+        self._producer: AIOKafkaProducer | None = None
+        self._consumer: AIOKafkaConsumer | None = None
+
+    async def open(self, consumer: AIOKafkaConsumer) -> None:
+        self._consumer = consumer
+        subscription = self.subscription
+        if isinstance(subscription, DatabaseHandler):
+            self.database = database_of(self.settings, subscription)
+            await prepare(self.database, subscription)
+            return
+        report = await ensure_topics(self.settings, [parked_topic_spec(self.settings, subscription.name)])
+        if report.problems:
+            raise RuntimeError("; ".join(report.problems))
+        self.parked_topic = ParkedTopic(self.settings, subscription.name)
+        if subscription.kind is Kind.SIDE_EFFECT:
+            self._producer = AIOKafkaProducer(**client_options(self.settings), acks="all", enable_idempotence=True)
+            await self._producer.start()
+
+    def sink(self, tp: TopicPartition) -> PartitionSink:
+        subscription = self.subscription
+        if isinstance(subscription, DatabaseHandler):
+            assert self.database is not None, "open the stores first"
+            return DatabaseSink(self.database, subscription, tp)
+        assert self.parked_topic is not None and self._consumer is not None, "open the stores first"
+        if subscription.kind is Kind.REACTOR:
+            return TransactionalSink(self.settings, subscription, self.router, self._consumer, self.parked_topic, self.group_id, tp)
+        assert self._producer is not None
+        return OffsetCommitSink(subscription, self._consumer, self._producer, self.parked_topic, tp)
+
+    async def close(self) -> None:
+        if self._producer is not None:
+            await self._producer.stop()
+            self._producer = None
+        if self.parked_topic is not None:
+            await self.parked_topic.close()
+            self.parked_topic = None
+        if self.database is not None:
+            await self.database.close()
+            self.database = None

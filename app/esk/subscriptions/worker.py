@@ -1,0 +1,146 @@
+"""PartitionWorker: one input partition of a subscription, its records handled in order.
+
+For each record: is it the subscription's (routing, no decoding)? Is its aggregate parked
+(then it is parked behind)? Does it decode (else it is parked with the reason)? Then its
+handler runs into the open unit. A handler that raises is undone alone: the unit commits
+what came before it, and the event is tried again on its own, with growing waits, each
+attempt a unit of its own; when the attempts run out it is parked, in the unit that moves
+the offset past it. The worker knows nothing of Kafka or databases: its sink does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+
+from aiokafka.structs import ConsumerRecord
+
+from ..metrics import SUBSCRIPTION_EVENTS
+from .api import AnySubscription, Retries
+from .parking import ParkedEvent, aggregate_key
+from .routing import Delivery, Router, Undecodable
+from .sinks import PartitionSink, Unit
+
+log = logging.getLogger(__name__)
+
+
+class PartitionWorker:
+    def __init__(self, subscription: AnySubscription, router: Router, sink: PartitionSink, retries: Retries | None = None) -> None:
+        self.subscription = subscription
+        self.router = router
+        self.sink = sink
+        self.retries = retries or subscription.retries
+        self.next_offset: int | None = None  # as of the last commit; None: nothing committed yet
+        self.replay_until = 0
+        self.parked: set[str] = set()
+
+    async def open(self) -> int | None:
+        """Take the partition; return the offset to read from (None: its beginning)."""
+        start = await self.sink.open()
+        self.next_offset = start.next_offset
+        self.replay_until = start.replay_until
+        self.parked = set(start.parked)
+        return start.next_offset
+
+    async def close(self) -> None:
+        await self.sink.close()
+
+    async def handle(self, records: Sequence[ConsumerRecord[bytes, bytes]], end_offset: int) -> None:
+        """Handle `records` (in offset order) and commit up to `end_offset`, the position
+        after them (which may be further on: transaction markers take offsets too). Nothing
+        to handle and nothing to move: only check that the partition is still this member's."""
+        if not records and end_offset == self.next_offset:
+            await self.sink.verify()
+            return
+        verified: set[str] = set()  # parked aggregates checked against the store during this call
+        unit = await self.sink.begin()
+        try:
+            for record in records:
+                if self.next_offset is not None and record.offset < self.next_offset:
+                    continue  # fetched before a restart moved the position on
+                route = self.router.select(record)
+                if route is None:
+                    continue
+                key = aggregate_key(record)
+                if key in self.parked and await self._still_parked(unit, key, verified):
+                    await self._park(unit, record, f"waits behind an earlier parked event of {key!r}", 0, verified)
+                    continue
+                try:
+                    delivery = self.router.decode(record, route)
+                except Undecodable as error:
+                    await self._park(unit, record, f"undecodable: {error}", 0, verified)
+                    continue
+                if delivery is None:
+                    continue
+                try:
+                    await unit.apply(delivery, record.offset < self.replay_until)
+                except Exception as error:
+                    await self._commit(unit, record.offset)  # what came before it, without it
+                    await self._try_again(record, delivery, error, verified)
+                    unit = await self.sink.begin()
+                    continue
+                SUBSCRIPTION_EVENTS.labels(self.subscription.name, "handled").inc()
+            await self._commit(unit, end_offset)
+        except BaseException:
+            await unit.abort()
+            raise
+
+    async def _still_parked(self, unit: Unit, key: str, verified: set[str]) -> bool:
+        if key in verified:
+            return True
+        if await unit.parked_of(key):
+            verified.add(key)
+            return True
+        self.parked.discard(key)
+        return False
+
+    async def _try_again(
+        self, record: ConsumerRecord[bytes, bytes], delivery: Delivery, error: Exception, verified: set[str]
+    ) -> None:
+        """The failed event alone: attempts, each its own unit, then parked."""
+        retries = self.retries
+        attempts = 1
+        while attempts < retries.attempts:
+            log.warning(
+                "%s: %s at %s/%s/%s failed (attempt %d of %d), trying again in %.1fs: %r",
+                self.subscription.name, delivery.source_id, record.topic, record.partition, record.offset,
+                attempts, retries.attempts, retries.delay_s(attempts), error,
+            )
+            SUBSCRIPTION_EVENTS.labels(self.subscription.name, "failed_attempt").inc()
+            await asyncio.sleep(retries.delay_s(attempts))
+            attempts += 1
+            unit = await self.sink.begin()
+            try:
+                await unit.apply(delivery, record.offset < self.replay_until)
+            except Exception as again:
+                await unit.abort()
+                error = again
+                continue
+            except BaseException:
+                await unit.abort()
+                raise
+            await self._commit(unit, record.offset + 1)
+            SUBSCRIPTION_EVENTS.labels(self.subscription.name, "handled").inc()
+            return
+        unit = await self.sink.begin()
+        try:
+            await self._park(unit, record, f"{type(error).__name__}: {error}", attempts, verified)
+        except BaseException:
+            await unit.abort()
+            raise
+        await self._commit(unit, record.offset + 1)
+
+    async def _park(
+        self, unit: Unit, record: ConsumerRecord[bytes, bytes], reason: str, attempts: int, verified: set[str]
+    ) -> None:
+        event = ParkedEvent.of(self.subscription.name, record, reason, attempts)
+        await unit.park(event)
+        log.warning("%s: parked %s (%s): %s", self.subscription.name, event.position, event.aggregate_id, reason)
+        SUBSCRIPTION_EVENTS.labels(self.subscription.name, "parked").inc()
+        self.parked.add(event.aggregate_id)
+        verified.add(event.aggregate_id)
+
+    async def _commit(self, unit: Unit, next_offset: int) -> None:
+        await unit.commit(next_offset)
+        self.next_offset = next_offset

@@ -1,0 +1,129 @@
+"""A DatabaseHandler's store, the same contract against both: a SQLite file and a real
+PostgreSQL server, each shared by two members (two connections, as two processes have).
+The offset row is a compare-and-set, so a member that lost its partition, or whose
+partition was reset, commits nothing; a failing event is undone alone (savepoint)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+from aiokafka import TopicPartition
+
+from domain.orders import Placed, orders
+from esk import DatabaseContext, DatabaseHandler, PostgreSQL, Retries, SQLite, run_subscription
+from esk.subscriptions.database import Database, DatabaseConfig
+from esk.subscriptions.database_sink import DatabaseSink, DatabaseUnit, prepare, read_offsets, rewind
+from esk.subscriptions.postgres import PostgresDatabase
+from esk.subscriptions.sinks import Fenced
+
+TP = TopicPartition("app.orders.events", 0)
+
+ledger = DatabaseHandler("ledger", reads=[orders], schema=["CREATE TABLE IF NOT EXISTS written (member TEXT, n INTEGER)"])
+
+
+@ledger.on(Placed)
+async def _placed(event: Placed, ctx: DatabaseContext) -> None:
+    raise AssertionError("not reached: these tests write through the unit's transaction directly")
+
+
+Member = Callable[[], Awaitable[Database]]  # a new member's own connection to the one store
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> DatabaseConfig:
+    if request.param == "sqlite":
+        return SQLite(tmp_path / "ledger.sqlite")
+    return PostgreSQL(request.getfixturevalue("postgres_dsn"))
+
+
+@pytest.fixture
+def member(store: DatabaseConfig, tmp_path: Path) -> Member:
+    async def connect() -> Database:
+        database = store.connect(tmp_path / "unused.sqlite")
+        await prepare(database, ledger)
+        return database
+
+    return connect
+
+
+async def write(sink: DatabaseSink, name: str, n: int, next_offset: int) -> None:
+    unit = await sink.begin()
+    assert isinstance(unit, DatabaseUnit)
+    insert = "INSERT INTO written VALUES (%s, %s)" if isinstance(sink.database, PostgresDatabase) else "INSERT INTO written VALUES (?, ?)"
+    await unit.transaction.sql.execute(insert, (name, n))
+    await unit.commit(next_offset)
+
+
+async def rows(database: Database) -> list[tuple[object, ...]]:
+    async with database.transaction() as tx:
+        return await tx.sql.fetchall("SELECT member, n FROM written ORDER BY n")
+
+
+async def test_the_member_that_lost_the_partition_commits_nothing(member: Member) -> None:
+    old_db, new_db = await member(), await member()
+    old, new = DatabaseSink(old_db, ledger, TP), DatabaseSink(new_db, ledger, TP)
+    assert (await old.open()).next_offset is None
+    await write(old, "old", 1, next_offset=10)
+
+    # the partition moves: the new member reads where the old one got to, and goes on
+    assert (await new.open()).next_offset == 10
+    await write(new, "new", 2, next_offset=20)
+
+    # the old member, unaware, commits its next batch: the offset is not what it last wrote
+    with pytest.raises(Fenced):
+        await write(old, "old", 3, next_offset=20)
+    assert await rows(new_db) == [("old", 1), ("new", 2)]
+    async with new_db.transaction() as tx:
+        assert await read_offsets(tx.esk, "ledger") == {TP: (20, 0)}
+    await old_db.close()
+    await new_db.close()
+
+
+async def test_two_members_starting_together_cannot_both_write_the_first_offset(member: Member) -> None:
+    a_db, b_db = await member(), await member()
+    a, b = DatabaseSink(a_db, ledger, TP), DatabaseSink(b_db, ledger, TP)
+    await a.open()
+    await b.open()
+    await write(b, "b", 1, next_offset=5)
+    with pytest.raises(Fenced):
+        await write(a, "a", 1, next_offset=5)
+    assert await rows(a_db) == [("b", 1)]
+    await a_db.close()
+    await b_db.close()
+
+
+async def test_a_reset_fences_the_running_member_and_marks_the_replay(member: Member) -> None:
+    running_db, tool_db = await member(), await member()
+    running = DatabaseSink(running_db, ledger, TP)
+    await running.open()
+    await write(running, "running", 1, next_offset=30)
+    async with tool_db.transaction() as tx:
+        await tx.sql.execute("DELETE FROM written")  # what an on_reset hook does
+        await rewind(tx.esk, "ledger", {TP: 0})
+    with pytest.raises(Fenced):
+        await write(running, "running", 2, next_offset=40)
+    start = await DatabaseSink(running_db, ledger, TP).open()
+    assert (start.next_offset, start.replay_until) == (0, 30)
+    assert await rows(running_db) == []
+    await running_db.close()
+    await tool_db.close()
+
+
+async def test_a_failing_event_is_undone_alone_and_its_aggregate_parked_in_order(store: DatabaseConfig) -> None:
+    """The parking contract of tests/subscriptions/test_handlers.py, on each store."""
+    counter = DatabaseHandler("counter", reads=[orders], schema=["CREATE TABLE IF NOT EXISTS counted (order_id TEXT, version INTEGER)"])
+    insert = "INSERT INTO counted VALUES (%s, %s)" if isinstance(store, PostgreSQL) else "INSERT INTO counted VALUES (?, ?)"
+
+    @counter.on(Placed)
+    async def count(event: Placed, ctx: DatabaseContext) -> None:
+        await ctx.db.execute(insert, (ctx.aggregate_id, ctx.version))
+        if ctx.aggregate_id == "bad":
+            raise RuntimeError("no")
+
+    placed = Placed(customer_id="c", lines=[])
+    run = await run_subscription(counter, [("bad", placed), ("good", placed), ("bad", placed)], database=store, retries=Retries(attempts=1))
+    assert await run.query("SELECT order_id, version FROM counted ORDER BY order_id") == [("good", 1)]
+    assert [(p.aggregate_id, p.offset, p.status.value) for p in run.parked] == [("bad", 0, "parked"), ("bad", 2, "parked")]
+    await run.close()

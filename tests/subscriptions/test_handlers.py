@@ -1,0 +1,223 @@
+"""Subscriptions without Kafka: the example handlers through `esk.run_subscription` (what a
+user's own tests do), and what the worker does around any handler: routing by the type
+header, upcasting, retries, parking in order, a failing event undone alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiokafka import TopicPartition
+from aiokafka.structs import ConsumerRecord
+
+from domain.accounts import Deposited, Opened, Withdraw, accounts
+from domain.orders import Cancel, Line, LineAdded, Placed, Shipped, orders
+from esk import (
+    Context,
+    DatabaseContext,
+    DatabaseHandler,
+    Reactor,
+    Retries,
+    SentCommand,
+    SideEffectHandler,
+    SQLite,
+    run_subscription,
+)
+from esk.protocol import EventRecord, Outcome, Status
+from esk.subscriptions.database_sink import DatabaseSink, load_parked, prepare, read_offsets
+from esk.subscriptions.routing import Router, Undecodable, origin_of
+from esk.subscriptions.worker import PartitionWorker
+from subscriptions import customer_ledger, payments
+
+LINES = [Line(sku="apple", qty=2, price=150)]
+NO_WAIT = Retries(attempts=1)
+
+
+def placed(customer: str = "c1", pay_from: str | None = None, lines: list[Line] = LINES) -> Placed:
+    return Placed(customer_id=customer, lines=lines, pay_from=pay_from)
+
+
+# -- the example saga -------------------------------------------------------------------
+
+
+async def test_an_order_with_pay_from_withdraws_its_total_under_an_id_derived_from_the_event() -> None:
+    run = await run_subscription(payments, [("o1", placed(pay_from="a1")), ("o2", placed())])
+    assert run.commands == [SentCommand("payments:orders/o1/1:0", accounts, "a1", Withdraw(amount=300))]
+
+
+async def test_handling_the_same_event_again_sends_the_same_command_id() -> None:
+    first = await run_subscription(payments, [("o1", placed(pay_from="a1"))])
+    again = await run_subscription(payments, [("o1", placed(pay_from="a1"))])
+    assert [c.command_id for c in first.commands] == [c.command_id for c in again.commands]
+
+
+async def test_a_refused_withdrawal_cancels_the_order_and_an_accepted_one_does_nothing() -> None:
+    [withdrawal] = (await run_subscription(payments, [("o1", placed(pay_from="a1"))])).commands
+    refused = await run_subscription(payments, [withdrawal.rejected("insufficient_funds")])
+    assert refused.commands == [SentCommand("payments:payments:orders/o1/1:0:0", orders, "o1", Cancel())]
+    accepted = await run_subscription(payments, [withdrawal.accepted(version=3)])
+    assert accepted.commands == []
+
+
+# -- the example database handler ---------------------------------------------------------
+
+
+async def test_the_ledger_counts_orders_and_totals_per_customer() -> None:
+    run = await run_subscription(
+        customer_ledger,
+        [("o1", placed("c1")), ("o2", placed("c2")), ("o1", LineAdded(sku="pear", qty=1, price=7)), ("o3", placed("c1"))],
+    )
+    assert await run.query("SELECT customer_id, orders, total FROM customer_ledger ORDER BY customer_id") == [
+        ("c1", 2, 607),
+        ("c2", 1, 300),
+    ]
+    assert run.parked == []
+    await run.close()
+
+
+# -- around any handler --------------------------------------------------------------------
+
+
+def order_record(offset: int, order_id: str, event_type: str, value: bytes) -> ConsumerRecord[bytes, bytes]:
+    return ConsumerRecord(
+        topic="test.orders.events", partition=0, offset=offset, timestamp=0, timestamp_type=0, key=order_id.encode(),
+        value=value, checksum=None, serialized_key_size=-1, serialized_value_size=-1,
+        headers=[("esk-event-type", event_type.encode()), ("esk-schema-version", b"1")],
+    )
+
+
+def test_a_type_the_subscription_does_not_handle_is_passed_over_without_decoding() -> None:
+    router = Router(customer_ledger, {"orders": orders}, "test")
+    assert router.select(order_record(0, "o1", "Shipped", b"not even JSON")) is None
+    route = router.select(order_record(1, "o1", "Placed", b"not even JSON"))
+    assert route is not None
+    with pytest.raises(Undecodable, match="not JSON"):
+        router.decode(order_record(1, "o1", "Placed", b"not even JSON"), route)
+
+
+def test_a_reactor_reads_only_the_outcomes_of_its_own_commands() -> None:
+    router = Router(payments, {"orders": orders, "accounts": accounts}, "test")
+    ours = Outcome("payments:orders/o1/1:0", "accounts", "a1", "withdraw", Status.ACCEPTED, 3)
+    theirs = Outcome("api-key-1", "accounts", "a1", "withdraw", Status.ACCEPTED, 3)
+    assert router.results_topic == "test.results"
+    records = [
+        ConsumerRecord(
+            topic="test.results", partition=0, offset=n, timestamp=0, timestamp_type=0, key=b"a1", value=o.encode(),
+            checksum=None, serialized_key_size=-1, serialized_value_size=-1, headers=[],
+        )
+        for n, o in enumerate([ours, theirs])
+    ]
+    assert [router.select(r) is not None for r in records] == [True, False]
+
+
+@pytest.mark.parametrize(
+    ("command_id", "origin"),
+    [
+        ("payments:orders/o1/1:0", ("orders", "o1", 1)),
+        ("payments:payments:orders/o1/7:0:2", ("orders", "o1", 7)),
+        ("payments:orders/id:with/slashes:and:colons/12:3", ("orders", "id:with/slashes:and:colons", 12)),
+        ("someone-else", None),
+        ("payments:not an event id", None),
+    ],
+)
+def test_the_origin_of_a_derived_command_id(command_id: str, origin: tuple[str, str, int] | None) -> None:
+    found = origin_of("payments", command_id)
+    assert (None if found is None else (found.aggregate_type, found.aggregate_id, found.version)) == origin
+
+
+async def test_an_event_of_an_older_schema_version_reaches_the_handler_upcast() -> None:
+    seen: list[Opened] = []
+    owners = SideEffectHandler("owners", reads=[accounts])
+
+    @owners.on(Opened)
+    async def opened(event: Opened, ctx: Context) -> None:
+        seen.append(event)
+
+    v1 = EventRecord("accounts/a1/1", "accounts", "a1", 1, "Opened", 1, {"name": "ada"}, "c", "c", "c", 0)
+    record = ConsumerRecord(
+        topic="test.accounts.events", partition=0, offset=0, timestamp=0, timestamp_type=0, key=b"a1", value=v1.encode(),
+        checksum=None, serialized_key_size=-1, serialized_value_size=-1, headers=v1.headers(),
+    )
+    router = Router(owners, {"accounts": accounts}, "test")
+    route = router.select(record)
+    assert route is not None
+    delivery = router.decode(record, route)
+    assert delivery is not None
+    await delivery.handler(delivery.event, None)
+    assert seen == [Opened(owner="ada")]
+
+
+def flaky_ledger(fails: dict[str, int], name: str = "flaky") -> DatabaseHandler:
+    """Records every event it applies, in order; raises for an order while `fails` says so."""
+    ledger = DatabaseHandler(name, reads=[orders], schema=["CREATE TABLE applied (order_id TEXT, version INTEGER)"])
+
+    async def apply(event: Any, ctx: DatabaseContext) -> None:
+        await ctx.db.execute("INSERT INTO applied VALUES (?, ?)", (ctx.aggregate_id, ctx.version))
+        if fails.get(ctx.aggregate_id, 0) > 0:
+            fails[ctx.aggregate_id] -= 1
+            raise RuntimeError(f"{ctx.aggregate_id} is not welcome")
+
+    ledger.on(Placed)(apply)
+    ledger.on(LineAdded)(apply)
+    return ledger
+
+
+ADDED = LineAdded(sku="pear", qty=1, price=7)
+
+
+async def test_a_failing_event_parks_its_aggregate_in_order_and_the_others_flow() -> None:
+    run = await run_subscription(
+        flaky_ledger({"bad": 99}),
+        [("bad", placed()), ("good", placed()), ("bad", ADDED), ("good", ADDED), ("bad", ADDED)],
+        retries=NO_WAIT,
+    )
+    # the failed handler's own insert was undone with it; the others' stayed
+    assert await run.query("SELECT order_id, version FROM applied") == [("good", 1), ("good", 2)]
+    assert [(p.aggregate_id, p.offset) for p in run.parked] == [("bad", 0), ("bad", 2), ("bad", 4)]
+    assert run.parked[0].reason == "RuntimeError: bad is not welcome"
+    assert run.parked[1].reason.startswith("waits behind")
+    await run.close()
+
+
+async def test_a_transient_failure_is_tried_again_and_not_parked() -> None:
+    run = await run_subscription(
+        flaky_ledger({"o1": 2}), [("o1", placed()), ("o2", placed())], retries=Retries(attempts=3, first_delay_s=0.01)
+    )
+    assert await run.query("SELECT order_id, version FROM applied") == [("o1", 1), ("o2", 1)]
+    assert run.parked == []
+    await run.close()
+
+
+async def test_an_undecodable_event_is_parked_with_the_reason_and_its_aggregate_waits_behind_it() -> None:
+    ledger = flaky_ledger({})
+    database = SQLite(":memory:").connect(Path(":memory:"))
+    await prepare(database, ledger)
+    sink = DatabaseSink(database, ledger, TopicPartition("test.orders.events", 0))
+    worker = PartitionWorker(ledger, Router(ledger, {"orders": orders}, "test"), sink, NO_WAIT)
+    await worker.open()
+
+    def event(n: int, order_id: str, version: int, event: Placed | LineAdded) -> ConsumerRecord[bytes, bytes]:
+        data = event.model_dump(mode="json") if n != 0 else {"customer_id": 5}  # the first one is broken
+        record = EventRecord(f"orders/{order_id}/{version}", "orders", order_id, version, event.type_name(), 1, data, "c", "c", "c", 0)
+        return order_record(n, order_id, event.type_name(), record.encode())
+
+    await worker.handle([event(0, "o1", 1, placed()), event(1, "o2", 1, placed()), event(2, "o1", 2, ADDED)], 3)
+    async with database.transaction() as tx:
+        parked = await load_parked(tx.esk, ledger.name)
+        applied = await tx.sql.fetchall("SELECT order_id, version FROM applied")
+        offsets = await read_offsets(tx.esk, ledger.name)
+    assert [(p.offset, p.aggregate_id) for p in parked] == [(0, "o1"), (2, "o1")]
+    assert parked[0].reason.startswith("undecodable: ValidationError") and "customer_id" in parked[0].reason
+    assert applied == [("o2", 1)]
+    assert offsets == {TopicPartition("test.orders.events", 0): (3, 0)}
+    await database.close()
+
+
+def test_a_handler_for_an_event_the_subscription_does_not_read_is_refused() -> None:
+    sub = Reactor("wrong", reads=[orders])
+    with pytest.raises(ValueError, match="none of them has the event Deposited"):
+        sub.on(Deposited)
+    with pytest.raises(ValueError, match="alphanumeric"):
+        Reactor("no spaces", reads=[orders])
+    assert Shipped in orders.events

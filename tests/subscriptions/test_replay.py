@@ -1,0 +1,99 @@
+"""Replays against the real broker: `reset --to earliest` of a running database handler
+runs its on_reset hook in the transaction that rewinds its offsets, the running member is
+fenced and starts again from the beginning, and the table it rebuilds is the same; handlers
+see `ctx.replaying` while the subscription is behind where it was. `--to <time>` replays
+from the first event at or after that time."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+import pytest
+
+from domain.orders import LineAdded, Placed, orders
+from esk import DatabaseContext, DatabaseHandler
+from esk.settings import Settings
+from esk.subscriptions.operations import SubscriptionOperations
+from subscriptions import customer_ledger
+from tests.subscriptions.running import subscriber, subscriber_settings
+from tests.system import system, wait_for
+
+pytestmark = pytest.mark.kafka
+
+watcher = DatabaseHandler(
+    "watcher", reads=[orders], schema=["CREATE TABLE IF NOT EXISTS seen (order_id TEXT, version INTEGER, replaying INTEGER)"]
+)
+
+
+@watcher.on(Placed)
+@watcher.on(LineAdded)
+async def _seen(event: Placed | LineAdded, ctx: DatabaseContext) -> None:
+    await ctx.db.execute("INSERT INTO seen VALUES (?, ?, ?)", (ctx.aggregate_id, ctx.version, ctx.replaying))
+
+
+def query(settings: Settings, name: str, sql: str) -> list[tuple[object, ...]]:
+    with contextlib.closing(sqlite3.connect(Path(settings.subscriber.data_dir) / f"{name}.sqlite")) as db:
+        return db.execute(sql).fetchall()
+
+
+async def orders_for(client: httpx.AsyncClient, order_ids: list[str]) -> None:
+    for n, order_id in enumerate(order_ids):
+        r = await client.post(f"/v1/orders/{order_id}/place", json={"customer_id": f"c{n % 3}", "lines": [{"sku": "a", "qty": 1, "price": 10 + n}]})
+        assert r.status_code == 200, r.text
+        r = await client.post(f"/v1/orders/{order_id}/add-line", json={"sku": "b", "qty": 2, "price": n})
+        assert r.status_code == 200, r.text
+
+
+async def caught_up(operations: SubscriptionOperations) -> bool:
+    return (await operations.status()).caught_up
+
+
+LEDGER = "SELECT customer_id, orders, total FROM customer_ledger ORDER BY customer_id"
+
+
+async def test_reset_to_earliest_rebuilds_the_same_table_while_the_subscriber_runs(settings: Settings, tmp_path: Path) -> None:
+    settings = subscriber_settings(settings, tmp_path / "subscriptions")
+    async with system(settings) as running:
+        await orders_for(running.client, [f"o{n}" for n in range(12)])
+        ledger_operations = SubscriptionOperations(settings, customer_ledger, running.registry)
+        watcher_operations = SubscriptionOperations(settings, watcher, running.registry)
+        async with subscriber(settings, customer_ledger, running.registry), subscriber(settings, watcher, running.registry):
+            await wait_for(lambda: caught_up(ledger_operations), what="the ledger to catch up")
+            await wait_for(lambda: caught_up(watcher_operations), what="the watcher to catch up")
+            before = query(settings, "customer_ledger", LEDGER)
+            assert sum(int(str(orders_placed)) for _, orders_placed, _ in before) == 12
+
+            await ledger_operations.reset(None)
+            await watcher_operations.reset(None)
+            await wait_for(lambda: caught_up(ledger_operations), what="the ledger's replay")
+            await wait_for(lambda: caught_up(watcher_operations), what="the watcher's replay")
+            assert query(settings, "customer_ledger", LEDGER) == before
+
+            await orders_for(running.client, ["o-after"])
+            await wait_for(lambda: ("o-after", 2, 0) in query(settings, "watcher", "SELECT * FROM seen"), what="a new order")
+        seen = query(settings, "watcher", "SELECT order_id, version, replaying FROM seen")
+        first, replayed, new = seen[:24], seen[24:48], seen[48:]
+        assert sorted(first) == sorted((o, v, 0) for o in [f"o{n}" for n in range(12)] for v in (1, 2))
+        assert sorted(replayed) == sorted((o, v, 1) for o, v, _ in first)  # no on_reset: it sees everything twice
+        assert new == [("o-after", 1, 0), ("o-after", 2, 0)]
+
+
+async def test_reset_to_a_time_replays_from_there(settings: Settings, tmp_path: Path) -> None:
+    settings = subscriber_settings(settings, tmp_path / "subscriptions")
+    async with system(settings) as running:
+        await orders_for(running.client, ["early"])
+        await asyncio.sleep(0.5)
+        middle = datetime.now(UTC)
+        await asyncio.sleep(0.5)
+        await orders_for(running.client, ["late"])
+        operations = SubscriptionOperations(settings, watcher, running.registry)
+        async with subscriber(settings, watcher, running.registry):
+            await wait_for(lambda: caught_up(operations), what="the watcher to catch up")
+            await operations.reset(middle)
+            await wait_for(lambda: len(query(settings, "watcher", "SELECT * FROM seen")) == 6, what="the replay")
+        assert query(settings, "watcher", "SELECT order_id, version, replaying FROM seen WHERE replaying = 1") == [("late", 1, 1), ("late", 2, 1)]
