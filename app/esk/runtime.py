@@ -12,9 +12,9 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 
-from prometheus_client import start_http_server
 from rich.progress import BarColumn, Progress, TaskID, TextColumn
 
+from .health import serve_operations
 from .processing.processor import Processor
 from .registry import load_registry
 from .settings import Settings
@@ -27,8 +27,6 @@ log = logging.getLogger(__name__)
 def run_processor(settings: Settings) -> None:
     return_large_blocks()
     registry = load_registry(settings.domain)
-    if settings.processor.metrics_port is not None:
-        start_http_server(settings.processor.metrics_port, settings.processor.metrics_host)
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -46,6 +44,8 @@ def run_processor(settings: Settings) -> None:
             bars.update(shown[bar], completed=progress.restored, rate=progress.rate)
 
         processor = Processor(settings, registry, on_restore_progress=show)
+        if settings.processor.metrics_port is not None:
+            serve_operations(settings.processor.metrics_host, settings.processor.metrics_port, lambda: processor.ready)
         _freeze_startup_objects()
         asyncio.run(_until_signalled(processor.run))
 
@@ -95,7 +95,8 @@ def run_subscriber(settings: Settings, name: str) -> None:
     registry = load_registry(settings.domain)
     runner = SubscriptionRunner(settings, configured_subscriptions(settings)[name], registry)
     if settings.subscriber.metrics_port is not None:
-        start_http_server(settings.subscriber.metrics_port, settings.subscriber.metrics_host)
+        # A subscriber takes no requests: ready as soon as it runs (its lag is in /metrics).
+        serve_operations(settings.subscriber.metrics_host, settings.subscriber.metrics_port, lambda: True)
     _freeze_startup_objects()
     asyncio.run(_until_signalled(runner.run))
 
