@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import ConsumerRecord
 
@@ -16,6 +18,26 @@ def committed_reader(settings: Settings, client_id: str | None = None) -> AIOKaf
     options = {"client_id": client_id} if client_id else {}
     return AIOKafkaConsumer(
         **client_options(settings), isolation_level="read_committed", enable_auto_commit=False, group_id=None, **options
+    )
+
+
+def group_member(
+    settings: Settings, group_id: str, session_timeout_ms: int, max_poll_interval_ms: int, **options: Any
+) -> AIOKafkaConsumer:
+    """A read_committed member of `group_id` that commits its offsets itself (in a
+    transaction, or in its own database), starting from the earliest offset when the group
+    has none. Make it inside the running loop."""
+    return AIOKafkaConsumer(
+        **client_options(settings),
+        group_id=group_id,
+        client_id=f"{group_id}-consumer",
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        isolation_level="read_committed",
+        session_timeout_ms=session_timeout_ms,
+        heartbeat_interval_ms=max(session_timeout_ms // 4, 500),
+        max_poll_interval_ms=max_poll_interval_ms,
+        **options,
     )
 
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 
-from ..kafka.client_options import client_options
+from ..kafka.reader import group_member
 from ..kafka.topics import TopicNames
 from ..metrics import REVOKE_SECONDS, STORE_MEMORY
 from ..registry import Registry
@@ -65,16 +65,11 @@ class Processor:
     def consumer(self) -> AIOKafkaConsumer:
         """The group's consumer; make it inside the running loop."""
         p = self.settings.processor
-        return AIOKafkaConsumer(
-            **client_options(self.settings),
-            group_id=self.group_id,
-            client_id=f"{self.group_id}-consumer",
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            isolation_level="read_committed",
-            session_timeout_ms=p.session_timeout_ms,
-            heartbeat_interval_ms=max(p.session_timeout_ms // 4, 500),
-            max_poll_interval_ms=p.max_poll_interval_ms,
+        return group_member(
+            self.settings,
+            self.group_id,
+            p.session_timeout_ms,
+            p.max_poll_interval_ms,
             # round robin only while a group still has members of a version without ours
             partition_assignment_strategy=(self.assignor, RoundRobinPartitionAssignor),
         )

@@ -26,7 +26,7 @@ from aiokafka.errors import IllegalStateError
 from aiokafka.structs import ConsumerRecord
 
 from ..domain.aggregate import AggregateType
-from ..kafka.client_options import client_options
+from ..kafka.reader import group_member
 from ..metrics import SUBSCRIPTION_CAUGHT_UP, SUBSCRIPTION_LAG, SUBSCRIPTION_PARTITIONS
 from ..settings import Settings
 from .api import AnySubscription
@@ -150,17 +150,7 @@ class SubscriptionRunner:
 
     def _make_consumer(self) -> AIOKafkaConsumer:
         s = self.settings.subscriber
-        return AIOKafkaConsumer(
-            **client_options(self.settings),
-            group_id=self.group_id,
-            client_id=f"{self.group_id}-consumer",
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            isolation_level="read_committed",
-            session_timeout_ms=s.session_timeout_ms,
-            heartbeat_interval_ms=max(s.session_timeout_ms // 4, 500),
-            max_poll_interval_ms=s.max_poll_interval_ms,
-        )
+        return group_member(self.settings, self.group_id, s.session_timeout_ms, s.max_poll_interval_ms)
 
     async def run(self, stop: asyncio.Event) -> None:
         self._consumer = consumer = self._make_consumer()
