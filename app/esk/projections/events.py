@@ -115,16 +115,15 @@ def event_stream(spark: SparkSession, settings: Settings, categories: tuple[str,
     return reader.load()
 
 
-def decode(raw: DataFrame, settings: Settings, categories: tuple[str, ...]) -> DataFrame:
-    """Kafka records -> one row per event: the envelope's columns, `data` upcast to the
-    current schema version, `event_time` and `day`, plus the source partition and offset."""
-    registry = load_registry(settings.domain)
+def decode(raw: DataFrame) -> DataFrame:
+    """Kafka records -> one row per event: the envelope's columns, `event_time` and `day`,
+    plus the source partition and offset. `data` is as written: see `upcast`."""
     events = raw.select(
         F.from_json(F.col("value").cast("string"), ENVELOPE).alias("e"),
         F.col("partition").alias("kafka_partition"),
         F.col("offset").alias("kafka_offset"),
     ).select("e.*", "kafka_partition", "kafka_offset")
-    return events.withColumn("data", _upcast(registry, categories, settings.domain)).withColumns(
+    return events.withColumns(
         {
             "event_time": F.timestamp_millis(F.col("recorded_at")),
             "day": F.to_date(F.timestamp_millis(F.col("recorded_at"))),
@@ -132,25 +131,36 @@ def decode(raw: DataFrame, settings: Settings, categories: tuple[str, ...]) -> D
     )
 
 
-def _upcast(registry: Registry, categories: tuple[str, ...], domain: str) -> Column:
+def upcast(events: DataFrame, settings: Settings, categories: tuple[str, ...]) -> DataFrame:
+    """`events` (one micro-batch, cached) with `data` brought to each event type's current
+    schema version by the domain's own upcasters. A Python UDF is evaluated for every row
+    of its input, even under F.when, so only the rows of an older version go through it:
+    they are split off, upcast, and put back."""
+    registry = load_registry(settings.domain)
     if not any(registry[name].upcasters for name in categories):
-        # A Python UDF runs for every row even inside F.when: none at all when nothing can be old.
-        return F.col("data")
+        return events
+    older = _older(registry, categories)
+    upcast_data = _upcast_udf(settings.domain)("aggregate_type", "type", "schema_version", "data")
+    return events.filter(~older).unionByName(events.filter(older).withColumn("data", upcast_data))
+
+
+def _older(registry: Registry, categories: tuple[str, ...]) -> Column:
     current = {
         f"{name}/{event.type_name()}": event.schema_version
         for name in categories
         for event in registry[name].events
     }
     current_version = F.create_map(*[x for k, v in current.items() for x in (F.lit(k), F.lit(v))])
-    older = F.col("schema_version") < current_version[F.concat_ws("/", "aggregate_type", "type")]
+    return F.col("schema_version") < current_version[F.concat_ws("/", "aggregate_type", "type")]
 
+
+def _upcast_udf(domain: str) -> Any:
     @F.udf(StringType())
-    def upcast(aggregate_type: str, type_name: str, schema_version: int, data: str) -> str:
+    def upcast_data(aggregate_type: str, type_name: str, schema_version: int, data: str) -> str:
         aggregate = _worker_registry(domain)[aggregate_type]
         return orjson.dumps(aggregate.upcast(type_name, schema_version, orjson.loads(data))).decode()
 
-    # Only events of an older schema version pay for the Python round trip.
-    return F.when(older, upcast("aggregate_type", "type", "schema_version", "data")).otherwise(F.col("data"))
+    return upcast_data
 
 
 def is_event(aggregate_type: AggregateType[Any], event: type[Event]) -> Column:

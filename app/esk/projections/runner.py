@@ -20,7 +20,7 @@ from rich.console import Console
 
 from ..settings import Settings
 from .catalog import BatchWriter, Projection, Tables
-from .events import decode, event_stream
+from .events import decode, event_stream, upcast
 from .session import spark_session
 
 
@@ -57,20 +57,21 @@ def run(
     summary = RunSummary(name, generation)
     app_id = f"esk.{settings.app}.{name}.g{generation}"
 
-    def batch(events: DataFrame, batch_id: int) -> None:
-        events = events.persist()  # MERGE reads its source more than once
+    def batch(decoded: DataFrame, batch_id: int) -> None:
+        cached = decoded.persist()  # MERGE reads its source more than once
         try:
-            count = events.count()
+            count = cached.count()
+            events = upcast(cached, settings, projection.model.categories)
             rows = projection.apply(spark, table, events, BatchWriter(spark, app_id, batch_id)) if count else 0
         finally:
-            events.unpersist()
+            cached.unpersist()
         summary.batches += 1
         summary.events += count
         summary.rows += rows
         console.print(f"{name} g{generation} batch {batch_id}: {count:,} events, {rows:,} rows merged", highlight=False)
 
     def writer() -> DataStreamWriter:
-        events = decode(event_stream(spark, settings, projection.model.categories), settings, projection.model.categories)
+        events = decode(event_stream(spark, settings, projection.model.categories))
         return events.writeStream.foreachBatch(batch).option("checkpointLocation", str(tables.checkpoint(name, generation)))
 
     query = writer().trigger(availableNow=True).start()
