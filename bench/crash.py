@@ -28,6 +28,7 @@ import tempfile
 import time
 import uuid
 from collections import Counter, defaultdict
+from collections.abc import Set as AbstractSet
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,6 +55,9 @@ class Verdict:
     outcomes: int = 0
     missing_outcomes: int = 0
     duplicate_outcomes: int = 0
+    # A command that reached the commands topic again (a client's retry with the same
+    # Idempotency-Key) is answered again with its first outcome, byte for byte: expected.
+    repeated_outcomes: int = 0
     accepted: int = 0
     events: int = 0
     aggregates: int = 0
@@ -75,24 +79,37 @@ class Verdict:
         )
 
     def table(self, title: str) -> Table:
-        table = Table(title=title)
-        table.add_column("check")
-        table.add_column("count", justify="right")
-        for name, value in vars(self).items():
-            if name != "notes":
-                table.add_row(name.replace("_", " "), f"{value:,}")
-        table.add_row("verdict", "[green]OK[/green]" if self.ok else "[red]FAILED[/red]")
-        return table
+        return verdict_table(title, count_rows(self), self.ok)
 
 
-async def verify(settings: Settings, api_url: str, acknowledged: set[str], timeout_s: float = 120) -> Verdict:
-    """Check the topics (read_committed) against the acknowledged command ids."""
+def count_rows(verdict: object, prefix: str = "") -> list[tuple[str, str]]:
+    """A verdict's counts (its int fields), named as the verdict tables show them."""
+    return [(prefix + name.replace("_", " "), f"{value:,}") for name, value in vars(verdict).items() if isinstance(value, int)]
+
+
+def verdict_table(title: str, rows: list[tuple[str, str]], ok: bool) -> Table:
+    table = Table(title=title)
+    table.add_column("check")
+    table.add_column("count", justify="right")
+    for name, value in rows:
+        table.add_row(name, value)
+    table.add_row("verdict", "[green]OK[/green]" if ok else "[red]FAILED[/red]")
+    return table
+
+
+async def verify(
+    settings: Settings, api_url: str, acknowledged: set[str], timeout_s: float = 120, retried: AbstractSet[str] = frozenset()
+) -> Verdict:
+    """Check the topics (read_committed) against the acknowledged command ids. A command
+    in `retried` was sent more than once: its first outcome may be published again, but
+    never a different one."""
     names = TopicNames(settings.app)
     verdict = Verdict(acknowledged=len(acknowledged))
     deadline = time.monotonic() + timeout_s
     while True:
         results = await read_committed(settings, names.results)
-        decoded = [orjson.loads(r.value) for r in results if r.value is not None]
+        encoded: list[bytes] = [r.value for r in results if r.value is not None]
+        decoded = [orjson.loads(value) for value in encoded]
         per_command = Counter(outcome["command_id"] for outcome in decoded)
         missing = acknowledged - set(per_command)
         if not missing or time.monotonic() > deadline:
@@ -100,7 +117,14 @@ async def verify(settings: Settings, api_url: str, acknowledged: set[str], timeo
         await asyncio.sleep(1)
     verdict.outcomes = len(results)
     verdict.missing_outcomes = len(missing)
-    verdict.duplicate_outcomes = sum(1 for cid in acknowledged if per_command[cid] > 1)
+    distinct: defaultdict[str, set[bytes]] = defaultdict(set)
+    for value, outcome in zip(encoded, decoded, strict=True):
+        distinct[outcome["command_id"]].add(value)
+    for cid in acknowledged:
+        if len(distinct[cid]) > 1 or (per_command[cid] > 1 and cid not in retried):
+            verdict.duplicate_outcomes += 1
+        elif per_command[cid] > 1:
+            verdict.repeated_outcomes += per_command[cid] - 1
     outcomes = {outcome["command_id"]: outcome for outcome in decoded}
     accepted_events: defaultdict[str, int] = defaultdict(int)
     for outcome in outcomes.values():

@@ -1,14 +1,17 @@
-"""Runs a real Apache Kafka 4 broker+controller as a child JVM.
+"""Runs real Apache Kafka 4 broker+controller processes as child JVMs.
 
-The jars come from Maven Central into esk's jar cache on first use (esk.jars). The data
-directory holds the formatted KRaft storage, the generated server.properties, the pid
-file and the broker log, and is kept across restarts.
+The jars come from Maven Central into esk's jar cache on first use (esk.jars). A
+`BrokerNode` is one such process: its ports, its data directory (the formatted KRaft
+storage, the generated server.properties, the pid file and the broker log, kept across
+restarts) and the controller quorum it votes in. `EmbeddedBroker`, behind `esk broker`, is
+the single-node case; `KafkaCluster` (cluster.py) runs several nodes in one quorum.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import os
 import shutil
 import signal
@@ -16,6 +19,7 @@ import socket
 import subprocess
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,141 +64,79 @@ class BrokerStatus:
         return "down"
 
 
-class EmbeddedBroker:
-    def __init__(self, settings: BrokerSettings) -> None:
-        self.settings = settings
-        self.data_dir = Path(settings.data_dir).resolve()
+def new_cluster_id() -> str:
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+def java_executable(java: str) -> str:
+    found = shutil.which(java)
+    if found is None:
+        raise BrokerError(
+            f"Java not found ({java!r}): install OpenJDK 17+ "
+            "(apt-get install openjdk-17-jre-headless) or set ESK_BROKER__JAVA to its path"
+        )
+    return found
+
+
+def kafka_classpath(folder: Path | None) -> str:
+    """The broker's classpath: every jar of the `kafka` set (or of `folder`, if given)."""
+    try:
+        resolved = jars_dir("kafka", folder)
+    except JarsError as error:
+        raise BrokerError(str(error)) from None
+    jars = sorted(resolved.glob("*.jar"))
+    if not any(jar.name.startswith("kafka_2.13-") for jar in jars):
+        raise BrokerError(f"Kafka jars not found in {resolved}: set ESK_BROKER__JARS_DIR to a folder that has them")
+    return os.pathsep.join(str(jar) for jar in jars)
+
+
+class BrokerNode:
+    """One Kafka process, broker and controller in one, that votes in the quorum `voters`
+    (`controller.quorum.voters`: every controller of the cluster, this one included).
+
+    Kafka's internal topics (consumer offsets, transaction state) get `internal_replication`
+    replicas, and writes to any topic without a setting of its own need a majority of
+    them in sync: one node of three may then be lost without losing an acknowledged write.
+    """
+
+    def __init__(
+        self,
+        node_id: int,
+        host: str,
+        port: int,
+        controller_port: int,
+        data_dir: Path,
+        voters: str,
+        internal_replication: int,
+        heap: str,
+    ) -> None:
+        self.node_id = node_id
+        self.host = host
+        self.port = port
+        self.controller_port = controller_port
+        self.data_dir = data_dir.resolve()
+        self.voters = voters
+        self.internal_replication = internal_replication
+        self.heap = heap
         self.log_dir = self.data_dir / "kraft"
         self.pid_file = self.data_dir / "broker.pid"
         self.log_file = self.data_dir / "broker.log"
         self.properties_file = self.data_dir / "server.properties"
         self.log4j_file = self.data_dir / "log4j2.properties"
-
-    @property
-    def controller_port(self) -> int:
-        return self.settings.controller_port or self.settings.port + 1
+        self._process: subprocess.Popen[bytes] | None = None  # set when this object launched it
 
     @property
     def bootstrap(self) -> str:
-        return f"{self.settings.host}:{self.settings.port}"
+        return f"{self.host}:{self.port}"
 
-    # -- lifecycle ---------------------------------------------------------------
-
-    def start(self) -> BrokerStatus:
-        """Start the broker unless it runs already; return once it answers metadata requests."""
-        current = self.status()
-        if current.running:
-            if not current.answering:
-                self._wait_until_answering(None)
-            return self.status()
-        java = self._java()
-        classpath = self._classpath()
-        for port in (self.settings.port, self.controller_port):
-            self._require_free_port(port)
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        self._write_config()
-        if not (self.log_dir / "meta.properties").exists():
-            self._format(java, classpath)
-        with open(self.log_file, "ab") as log:
-            process = subprocess.Popen(
-                [
-                    java,
-                    f"-Xmx{self.settings.heap}",
-                    f"-Xms{self.settings.heap}",
-                    "-XX:+UseG1GC",
-                    "-Djava.awt.headless=true",
-                    f"-Dlog4j2.configurationFile={self.log4j_file}",
-                    "-cp",
-                    classpath,
-                    "kafka.Kafka",
-                    str(self.properties_file),
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,  # Ctrl-C in a terminal stops it through `stop`, gracefully
-            )
-        self.pid_file.write_text(str(process.pid))
-        self._wait_until_answering(process)
-        return self.status()
-
-    def stop(self, timeout_s: float = 60.0) -> bool:
-        """Stop gracefully (SIGTERM: controlled shutdown, logs flushed); SIGKILL as a last resort."""
-        pid = self.pid()
-        if pid is None:
-            return False
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            self.pid_file.unlink(missing_ok=True)
-            return False
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and _alive(pid):
-            time.sleep(0.2)
-        if _alive(pid):
-            os.kill(pid, signal.SIGKILL)
-            while _alive(pid):
-                time.sleep(0.1)
-        self.pid_file.unlink(missing_ok=True)
-        return True
-
-    def status(self) -> BrokerStatus:
-        pid = self.pid()
-        running = pid is not None
-        answering = running and asyncio.run(_answers_metadata(self.bootstrap, 3.0))
-        return BrokerStatus(running=running, pid=pid, answering=answering, bootstrap=self.bootstrap)
-
-    # -- pieces ------------------------------------------------------------------
-
-    def pid(self) -> int | None:
-        """The broker's process id, if it runs (no network call: safe inside an event loop)."""
-        try:
-            pid = int(self.pid_file.read_text().strip())
-        except (FileNotFoundError, ValueError):
-            return None
-        if not _alive(pid):
-            self.pid_file.unlink(missing_ok=True)
-            return None
-        return pid
-
-    def _java(self) -> str:
-        java = shutil.which(self.settings.java)
-        if java is None:
-            raise BrokerError(
-                f"Java not found ({self.settings.java!r}): install OpenJDK 17+ "
-                "(apt-get install openjdk-17-jre-headless) or set ESK_BROKER__JAVA to its path"
-            )
-        return java
-
-    def _classpath(self) -> str:
-        try:
-            folder = jars_dir("kafka", self.settings.jars_dir)
-        except JarsError as error:
-            raise BrokerError(str(error)) from None
-        jars = sorted(folder.glob("*.jar"))
-        if not any(jar.name.startswith("kafka_2.13-") for jar in jars):
-            raise BrokerError(f"Kafka jars not found in {folder}: set ESK_BROKER__JARS_DIR to a folder that has them")
-        return os.pathsep.join(str(jar) for jar in jars)
-
-    def _require_free_port(self, port: int) -> None:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                probe.bind((self.settings.host, port))
-            except OSError:
-                raise BrokerError(
-                    f"port {port} on {self.settings.host} is busy: stop what holds it "
-                    "(`esk broker stop`, or `ss -ltnp | grep {port}`) or choose another with "
-                    "ESK_BROKER__PORT / --port"
-                ) from None
-
-    def _write_config(self) -> None:
-        host, port, cport = self.settings.host, self.settings.port, self.controller_port
-        properties = {
+    def properties(self) -> dict[str, str]:
+        host, port, cport = self.host, self.port, self.controller_port
+        majority = str(self.internal_replication // 2 + 1)
+        return {
             "process.roles": "broker,controller",
-            "node.id": "1",
-            # Static voters: the port may change between restarts without re-formatting.
-            "controller.quorum.voters": f"1@{host}:{cport}",
+            "node.id": str(self.node_id),
+            # Static voters: a port may change between restarts without re-formatting.
+            "controller.quorum.voters": self.voters,
             "listeners": f"PLAINTEXT://{host}:{port},CONTROLLER://{host}:{cport}",
             "advertised.listeners": f"PLAINTEXT://{host}:{port}",
             "controller.listener.names": "CONTROLLER",
@@ -203,22 +145,26 @@ class EmbeddedBroker:
             "log.dirs": str(self.log_dir),
             "num.partitions": "1",
             "auto.create.topics.enable": "false",
-            # One node: every internal topic has a single replica.
-            "offsets.topic.replication.factor": "1",
+            "min.insync.replicas": majority,
+            "offsets.topic.replication.factor": str(self.internal_replication),
             "offsets.topic.num.partitions": "10",
-            "transaction.state.log.replication.factor": "1",
-            "transaction.state.log.min.isr": "1",
+            "transaction.state.log.replication.factor": str(self.internal_replication),
+            "transaction.state.log.min.isr": majority,
             "transaction.state.log.num.partitions": "10",
-            "share.coordinator.state.topic.replication.factor": "1",
-            "share.coordinator.state.topic.min.isr": "1",
+            "share.coordinator.state.topic.replication.factor": str(self.internal_replication),
+            "share.coordinator.state.topic.min.isr": majority,
             "group.initial.rebalance.delay.ms": "0",
             "log.cleaner.min.compaction.lag.ms": "0",
         }
-        self.properties_file.write_text("".join(f"{k}={v}\n" for k, v in properties.items()))
-        self.log4j_file.write_text(_LOG4J2)
 
-    def _format(self, java: str, classpath: str) -> None:
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    def prepare(self, java: str, classpath: str, cluster_id: str) -> None:
+        """Write the configuration, and format the storage unless it was formatted before
+        (a restart keeps the node's data and its cluster id)."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.properties_file.write_text("".join(f"{k}={v}\n" for k, v in self.properties().items()))
+        self.log4j_file.write_text(_LOG4J2)
+        if (self.log_dir / "meta.properties").exists():
+            return
         result = subprocess.run(
             [
                 java,
@@ -238,39 +184,221 @@ class EmbeddedBroker:
         if result.returncode != 0:
             raise BrokerError(f"formatting {self.log_dir} failed: {result.stdout}{result.stderr}".strip())
 
-    def _wait_until_answering(self, process: subprocess.Popen[bytes] | None) -> None:
-        deadline = time.monotonic() + self.settings.start_timeout_s
-        while time.monotonic() < deadline:
-            if process is not None and process.poll() is not None:
-                self.pid_file.unlink(missing_ok=True)
+    def launch(self, java: str, classpath: str) -> None:
+        """Start the JVM on a prepared data directory; it answers some seconds later."""
+        self.require_free_ports()
+        with open(self.log_file, "ab") as log:
+            self._process = subprocess.Popen(
+                [
+                    java,
+                    f"-Xmx{self.heap}",
+                    f"-Xms{self.heap}",
+                    "-XX:+UseG1GC",
+                    "-Djava.awt.headless=true",
+                    f"-Dlog4j2.configurationFile={self.log4j_file}",
+                    "-cp",
+                    classpath,
+                    "kafka.Kafka",
+                    str(self.properties_file),
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # Ctrl-C in a terminal stops it through `stop`, gracefully
+            )
+        self.pid_file.write_text(str(self._process.pid))
+
+    def pid(self) -> int | None:
+        """The node's process id, if it runs (no network call: safe inside an event loop)."""
+        try:
+            pid = int(self.pid_file.read_text().strip())
+        except (FileNotFoundError, ValueError):
+            return None
+        if not _alive(pid):
+            self._forget(pid)
+            return None
+        return pid
+
+    def signal_stop(self) -> int | None:
+        """SIGTERM (controlled shutdown, logs flushed), without waiting; the pid it went to."""
+        pid = self.pid()
+        if pid is None:
+            return None
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            self._forget(pid)
+            return None
+        return pid
+
+    def stop(self, timeout_s: float = 60.0) -> bool:
+        """Stop gracefully (SIGTERM); SIGKILL as a last resort."""
+        pid = self.signal_stop()
+        if pid is None:
+            return False
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and _alive(pid):
+            time.sleep(0.2)
+        if _alive(pid):
+            self.kill()
+        self._forget(pid)
+        return True
+
+    def kill(self) -> bool:
+        """SIGKILL: the node dies at once, as in a crash (nothing flushed, no controlled
+        shutdown); return once it is gone. False if it was not running."""
+        pid = self.pid()
+        if pid is None:
+            return False
+        with contextlib.suppress(ProcessLookupError):  # it died meanwhile
+            os.kill(pid, signal.SIGKILL)
+        while _alive(pid):
+            time.sleep(0.05)
+        self._forget(pid)
+        return True
+
+    def answers(self, timeout_s: float = 3.0) -> bool:
+        return asyncio.run(metadata_brokers(self.bootstrap, timeout_s)) > 0
+
+    def exit_code(self) -> int | None:
+        """The exit code of the process this object launched, once it has exited."""
+        process = self._process
+        if process is None or process.poll() is None:
+            return None
+        self._forget(process.pid)
+        return process.returncode
+
+    def _forget(self, pid: int) -> None:
+        """The process is gone: reap it if it is our child (no zombie left), drop the pid file."""
+        if self._process is not None and self._process.pid == pid:
+            self._process.wait()
+            self._process = None
+        self.pid_file.unlink(missing_ok=True)
+
+    def require_free_ports(self) -> None:
+        for port in (self.port, self.controller_port):
+            if not port_is_free(self.host, port):
                 raise BrokerError(
-                    f"the broker exited with code {process.returncode}; last lines of {self.log_file}:\n"
-                    + _tail(self.log_file, 15)
+                    f"port {port} on {self.host} is busy: stop what holds it "
+                    f"(`esk broker stop`, or `ss -ltnp | grep {port}`) or choose another with "
+                    "ESK_BROKER__PORT / --port"
                 )
-            if asyncio.run(_answers_metadata(self.bootstrap, 2.0)):
-                return
-            time.sleep(0.3)
-        raise BrokerError(
-            f"the broker did not answer on {self.bootstrap} within {self.settings.start_timeout_s:.0f}s; "
-            f"see {self.log_file}"
+
+
+class EmbeddedBroker:
+    """The single-node broker of `esk broker` and `esk dev`: node 1, its own one-voter quorum."""
+
+    def __init__(self, settings: BrokerSettings) -> None:
+        self.settings = settings
+        controller_port = settings.controller_port or settings.port + 1
+        self.node = BrokerNode(
+            node_id=1,
+            host=settings.host,
+            port=settings.port,
+            controller_port=controller_port,
+            data_dir=Path(settings.data_dir),
+            voters=f"1@{settings.host}:{controller_port}",
+            internal_replication=1,
+            heap=settings.heap,
         )
+        self.data_dir = self.node.data_dir
+        self.log_file = self.node.log_file
+
+    @property
+    def controller_port(self) -> int:
+        return self.node.controller_port
+
+    @property
+    def bootstrap(self) -> str:
+        return self.node.bootstrap
+
+    def start(self) -> BrokerStatus:
+        """Start the broker unless it runs already; return once it answers metadata requests."""
+        current = self.status()
+        if current.running:
+            if not current.answering:
+                wait_until_answering([], self.bootstrap, 1, self.settings.start_timeout_s)
+            return self.status()
+        java, classpath = self._java(), self._classpath()
+        self.node.require_free_ports()  # before formatting: a clash is the likelier mistake
+        self.node.prepare(java, classpath, new_cluster_id())
+        self.node.launch(java, classpath)
+        wait_until_answering([self.node], self.bootstrap, 1, self.settings.start_timeout_s)
+        return self.status()
+
+    def stop(self, timeout_s: float = 60.0) -> bool:
+        """Stop gracefully (SIGTERM: controlled shutdown, logs flushed); SIGKILL as a last resort."""
+        return self.node.stop(timeout_s)
+
+    def status(self) -> BrokerStatus:
+        pid = self.pid()
+        running = pid is not None
+        answering = running and self.node.answers()
+        return BrokerStatus(running=running, pid=pid, answering=answering, bootstrap=self.bootstrap)
+
+    def pid(self) -> int | None:
+        """The broker's process id, if it runs (no network call: safe inside an event loop)."""
+        return self.node.pid()
+
+    def _java(self) -> str:
+        return java_executable(self.settings.java)
+
+    def _classpath(self) -> str:
+        return kafka_classpath(self.settings.jars_dir)
 
 
-async def _answers_metadata(bootstrap: str, timeout_s: float) -> bool:
-    host, _, port = bootstrap.rpartition(":")
-    try:  # a closed port is the common case while starting; don't let aiokafka log it
-        _, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), timeout_s)
-        writer.close()
-    except (TimeoutError, OSError):
-        return False
+def wait_until_answering(launched: Sequence[BrokerNode], bootstrap: str, brokers: int, timeout_s: float) -> None:
+    """Until `bootstrap` answers metadata requests naming at least `brokers` brokers; a
+    BrokerError if a node of `launched` exits first, or after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for node in launched:
+            code = node.exit_code()
+            if code is not None:
+                raise BrokerError(
+                    f"broker {node.node_id} exited with code {code}; last lines of {node.log_file}:\n"
+                    + _tail(node.log_file, 15)
+                )
+        if asyncio.run(metadata_brokers(bootstrap, 2.0)) >= brokers:
+            return
+        time.sleep(0.3)
+    logs = ", ".join(str(node.log_file) for node in launched) or "the broker log"
+    raise BrokerError(f"{bootstrap} did not answer with {brokers} broker(s) within {timeout_s:.0f}s; see {logs}")
+
+
+async def metadata_brokers(bootstrap: str, timeout_s: float) -> int:
+    """How many brokers a metadata request to `bootstrap` names (0: it did not answer)."""
+    addresses = [address.rpartition(":") for address in bootstrap.split(",")]
+    reachable = False
+    for host, _, port in addresses:
+        try:  # a closed port is the common case while starting; don't let aiokafka log it
+            _, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), timeout_s)
+            writer.close()
+            reachable = True
+            break
+        except (TimeoutError, OSError):
+            continue
+    if not reachable:
+        return 0
     client = AIOKafkaClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000))
     try:
         await asyncio.wait_for(client.bootstrap(), timeout_s)
-        return bool(client.cluster.brokers())
+        return len(client.cluster.brokers())
     except Exception:
-        return False
+        return 0
     finally:
         await client.close()
+
+
+def port_is_free(host: str, port: int) -> bool:
+    """Nothing listens on it: the kernel would let a server bind it now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+        return True
 
 
 def _alive(pid: int) -> bool:

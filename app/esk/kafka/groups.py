@@ -10,6 +10,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from ..settings import Settings
+from .admin import retry_while_brokers_fail
 from .client_options import client_options
 from .metadata import topic_partitions
 from .reader import committed_reader
@@ -21,7 +22,7 @@ async def group_members(settings: Settings, group_id: str) -> list[str]:
     await admin.start()
     try:
         members: list[str] = []
-        for response in await admin.describe_consumer_groups([group_id]):
+        for response in await retry_while_brokers_fail(lambda: admin.describe_consumer_groups([group_id])):
             for _error, _group, _state, _protocol_type, _protocol, group_members, *_ in response.groups:
                 members.extend(f"{client_id}@{host.lstrip('/')}" for _member, client_id, host, *_ in group_members)
         return members
@@ -34,7 +35,7 @@ async def committed_offsets(settings: Settings, group_id: str) -> dict[TopicPart
     admin = AIOKafkaAdminClient(**client_options(settings))
     await admin.start()
     try:
-        offsets = await admin.list_consumer_group_offsets(group_id)
+        offsets = await retry_while_brokers_fail(lambda: admin.list_consumer_group_offsets(group_id))
         return {tp: meta.offset for tp, meta in offsets.items() if meta.offset >= 0}
     finally:
         await admin.close()

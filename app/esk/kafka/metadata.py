@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 
 from aiokafka.admin import AIOKafkaAdminClient
 
 from ..settings import Settings
+from .admin import retry_while_brokers_fail
 from .client_options import client_options
 
 
@@ -18,7 +20,7 @@ async def topic_partitions(settings: Settings, topic: str, timeout_s: float = 10
     try:
         deadline = asyncio.get_running_loop().time() + timeout_s
         while True:
-            [described] = await admin.describe_topics([topic])
+            [described] = await retry_while_brokers_fail(functools.partial(admin.describe_topics, [topic]))
             if described["error_code"] == 0 and described["partitions"]:
                 return sorted(p["partition"] for p in described["partitions"])
             if asyncio.get_running_loop().time() > deadline:

@@ -8,6 +8,7 @@ the changelog must be co-partitioned with the commands topic or restores go wron
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -16,6 +17,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import TopicAlreadyExistsError
 
 from ..settings import Settings
+from .admin import retry_while_brokers_fail
 from .client_options import client_options
 
 
@@ -87,12 +89,12 @@ async def ensure_topics(settings: Settings, specs: list[TopicSpec]) -> TopicRepo
     admin = AIOKafkaAdminClient(**client_options(settings))
     await admin.start()
     try:
-        existing = set(await admin.list_topics())
+        existing = set(await retry_while_brokers_fail(admin.list_topics))
         missing = [s for s in specs if s.name not in existing]
         for s in missing:
-            response = await admin.create_topics(
-                [NewTopic(s.name, s.partitions, s.replication_factor, topic_configs=s.configs)]
-            )
+            new_topic = NewTopic(s.name, s.partitions, s.replication_factor, topic_configs=s.configs)
+            # asked again after a failure, a topic that was created is "already exists" below
+            response = await retry_while_brokers_fail(functools.partial(admin.create_topics, [new_topic]))
             for _name, code, *message in response.topic_errors:
                 if code == 0:
                     report.created.append(s.name)
@@ -111,7 +113,7 @@ async def _wait_until_visible(admin: AIOKafkaAdminClient, names: list[str], time
     """Topic creation returns before every broker's metadata shows the new partitions."""
     deadline = asyncio.get_running_loop().time() + timeout_s
     while True:
-        described = await admin.describe_topics(names)
+        described = await retry_while_brokers_fail(functools.partial(admin.describe_topics, names))
         if all(d["error_code"] == 0 and d["partitions"] for d in described):
             return
         if asyncio.get_running_loop().time() > deadline:
@@ -120,11 +122,10 @@ async def _wait_until_visible(admin: AIOKafkaAdminClient, names: list[str], time
 
 
 async def _check(admin: AIOKafkaAdminClient, specs: list[TopicSpec], report: TopicReport) -> None:
-    described = await admin.describe_topics([s.name for s in specs])
+    described = await retry_while_brokers_fail(functools.partial(admin.describe_topics, [s.name for s in specs]))
     by_name = {d["topic"]: d for d in described}
-    configs = await admin.describe_configs(
-        [ConfigResource(ConfigResourceType.TOPIC, s.name) for s in specs]
-    )
+    resources = [ConfigResource(ConfigResourceType.TOPIC, s.name) for s in specs]
+    configs = await retry_while_brokers_fail(functools.partial(admin.describe_configs, resources))
     actual_configs: dict[str, dict[str, str]] = {}
     for response in configs:
         for resource in response.resources:

@@ -1,0 +1,39 @@
+"""Admin requests that ride out a broker that is down.
+
+aiokafka's admin client sends each request to one broker, chosen from its metadata: a
+random one, the one named as controller (topic creation), or a group's coordinator. For
+some seconds after a broker dies, until the cluster's controller has fenced it, the
+metadata still names it, and a request sent to it fails at once (NodeNotReadyError, a
+connection error) or after the request timeout. The client refreshes its metadata on such
+a failure, so the same request asked again soon goes to a broker that answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from aiokafka.errors import KafkaError
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+RETRY_PAUSE_S = 0.2
+
+
+async def retry_while_brokers_fail(operation: Callable[[], Awaitable[T]], timeout_s: float = 60.0) -> T:
+    """`operation()` (one admin request, or a few), asked again while it fails with an
+    error that a broker coming back or another broker would not give, for up to `timeout_s`."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        try:
+            return await operation()
+        except (KafkaError, TimeoutError) as error:
+            retriable = isinstance(error, TimeoutError) or bool(error.retriable)
+            if not retriable or loop.time() > deadline:
+                raise
+            log.info("admin request failed (%r); asking again", error)
+        await asyncio.sleep(RETRY_PAUSE_S)
