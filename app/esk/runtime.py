@@ -101,6 +101,9 @@ def run_subscriber(settings: Settings, name: str) -> None:
     asyncio.run(_until_signalled(runner.run))
 
 
+DEV_STOP_TIMEOUT_S = 20.0
+
+
 def run_dev(settings: Settings, subscriptions: list[str]) -> None:
     """API, processor and each subscription as child processes (as in production); Ctrl-C
     stops all of them."""
@@ -125,8 +128,14 @@ def run_dev(settings: Settings, subscriptions: list[str]) -> None:
         for child in children:
             if child.poll() is None:
                 child.send_signal(signal.SIGTERM)
+        # One deadline for all of them, not one each: Ctrl-C should not take minutes. A child
+        # still stopping then is killed, which loses nothing (G5): what it had not committed
+        # is handled again by the next start.
+        deadline = time.monotonic() + DEV_STOP_TIMEOUT_S
         for child in children:
             try:
-                child.wait(timeout=30)
+                child.wait(timeout=max(deadline - time.monotonic(), 0.1))
             except subprocess.TimeoutExpired:
+                log.warning("child process %d did not stop in time; killing it", child.pid)
                 child.kill()
+                child.wait()
