@@ -173,7 +173,10 @@ def dev() -> None:
 
     # SIGTERM (docker stop, systemd, a supervisor) stops everything as Ctrl-C does; by
     # default it would end this process alone and leave the processor and API running.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    # SIGINT too, explicitly: a process started in the background by a shell inherits SIGINT
+    # ignored, and Python then leaves it ignored, so Ctrl-C (or `kill -INT`) did nothing.
+    for stop_signal in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(stop_signal, signal.default_int_handler)
     settings = load_settings()
     domain_registry(settings)  # before the broker starts: a wrong ESK_DOMAIN costs no broker start
     subscriptions = list(configured_subscriptions(settings))
