@@ -6,12 +6,14 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 from .domain.aggregate import AggregateType
 
 Registry = dict[str, AggregateType[Any]]
 # Path segments the HTTP API uses for itself under /v1/.
+T = TypeVar("T")
 RESERVED_NAMES = frozenset({"commands", "projections"})
 
 
@@ -41,15 +43,36 @@ def load_object(spec: str, setting: str) -> Any:
         raise LookupError(f"{setting}={spec}: module {module_name!r} has no {attribute!r}") from None
 
 
+def load_optional(spec: str, set_explicitly: bool, load: Callable[[str], dict[str, T]]) -> dict[str, T]:
+    """`load(spec)`; a project may have none of these: only a spec that was set explicitly
+    must name a module that is there, the default finds the module if it is."""
+    try:
+        return load(spec)
+    except ModuleMissing:
+        if set_explicitly:
+            raise
+        return {}
+
+
+def by_name(
+    items: Iterable[Any], spec: str, kind: type[T], kind_name: str, name: Callable[[T], str], what: str
+) -> dict[str, T]:
+    """`items` (what `spec` named) by name, each checked to be a `kind` and named once."""
+    found: dict[str, T] = {}
+    for item in items:
+        if not isinstance(item, kind):
+            raise TypeError(f"{spec} holds {item!r}, not {kind_name}")
+        if name(item) in found:
+            raise ValueError(f"{what} {name(item)!r} is registered twice")
+        found[name(item)] = item
+    return found
+
+
 def load_registry(spec: str) -> Registry:
     """The aggregate types `spec` names (the setting ESK_DOMAIN), by name."""
-    registry: Registry = {}
-    for aggregate in load_object(spec, "ESK_DOMAIN"):
-        if not isinstance(aggregate, AggregateType):
-            raise TypeError(f"{spec} holds {aggregate!r}, not an AggregateType")
-        if aggregate.name in RESERVED_NAMES:
-            raise ValueError(f"aggregate type name {aggregate.name!r} is reserved by the HTTP API")
-        if aggregate.name in registry:
-            raise ValueError(f"aggregate type {aggregate.name!r} is registered twice")
-        registry[aggregate.name] = aggregate
+    registry: Registry = by_name(
+        load_object(spec, "ESK_DOMAIN"), spec, AggregateType, "an AggregateType", lambda a: a.name, "aggregate type"
+    )
+    for name in registry.keys() & RESERVED_NAMES:
+        raise ValueError(f"aggregate type name {name!r} is reserved by the HTTP API")
     return registry

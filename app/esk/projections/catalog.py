@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..domain.aggregate import AggregateType
-from ..registry import ModuleMissing, load_object
+from ..registry import by_name, load_object, load_optional
 from ..settings import Settings
 
 if TYPE_CHECKING:
@@ -76,24 +76,14 @@ class Projection:
 def configured_read_models(settings: Settings) -> dict[str, Projection]:
     """The application's read models. A project may have none: only when ESK_READ_MODELS
     was set is a module that is not there an error; the default finds the module if it is."""
-    try:
-        return load_read_models(settings.read_models)
-    except ModuleMissing:
-        if "read_models" in settings.model_fields_set:
-            raise
-        return {}
+    return load_optional(settings.read_models, "read_models" in settings.model_fields_set, load_read_models)
 
 
 def load_read_models(spec: str) -> dict[str, Projection]:
     """The read models `spec` ("module:attribute") names, by name."""
-    found: dict[str, Projection] = {}
-    for projection in load_object(spec, "ESK_READ_MODELS"):
-        if not isinstance(projection, Projection):
-            raise TypeError(f"{spec} holds {projection!r}, not a Projection")
-        if projection.model.name in found:
-            raise ValueError(f"read model {projection.model.name!r} is registered twice")
-        found[projection.model.name] = projection
-    return found
+    return by_name(
+        load_object(spec, "ESK_READ_MODELS"), spec, Projection, "a Projection", lambda p: p.model.name, "read model"
+    )
 
 
 class Tables:
