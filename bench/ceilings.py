@@ -29,9 +29,10 @@ def records_per_transaction(settings: Settings) -> int:
     return settings.processor.batch_max_records * WRITES_PER_COMMAND
 
 
-async def aiokafka_consume(settings: Settings, topic: str, expected: int) -> float:
+async def aiokafka_consume(settings: Settings, topic: str, expected: int, isolation_level: str = "read_uncommitted") -> float:
+    """Seconds to read `expected` records of `topic` from its beginning, and do nothing with them."""
     consumer = AIOKafkaConsumer(**client_options(settings), group_id=None, enable_auto_commit=False,
-                                max_partition_fetch_bytes=4 * 1024 * 1024)
+                                max_partition_fetch_bytes=4 * 1024 * 1024, isolation_level=isolation_level)
     await consumer.start()
     try:
         tps = [TopicPartition(topic, p) for p in await topic_partitions(settings, topic)]

@@ -57,6 +57,7 @@ class LoadSpec:
     customers: int = 1
     seed: int = 1
     id_prefix: str = "load-"  # of the order ids that "places" makes up
+    pay_from_share: float = 0.0  # of the orders "places" makes up, those paid from an account
 
 
 @dataclass
@@ -131,7 +132,7 @@ def request_stream(spec: LoadSpec) -> Iterator[Request]:
         return map(as_request, account_moves(ids, spec.seed, id_prefix=run_id))
     if spec.source == "places":
         customers = (f"cust-{rng.randrange(spec.customers)}" for _ in itertools.count())
-        return map(as_request, (order_place(f"{spec.id_prefix}{run_id}-{n}", c, rng) for n, c in enumerate(customers)))
+        return map(as_request, (order_place(f"{spec.id_prefix}{run_id}-{n}", c, rng, spec.pay_from_share) for n, c in enumerate(customers)))
     raise ValueError(f"unknown request source {spec.source!r}")
 
 

@@ -66,6 +66,11 @@ def write(report: Report, ratios: list[tuple[str, float | None, str]], docs: Pat
         "closed loop; the latencies are an open loop at a fixed rate, counted from each request's scheduled "
         "instant (no coordinated omission); refused commands (insufficient funds, stale versions) are answers, "
         "not errors.",
+        "- W6 = subscriptions, each `esk subscriber` its own process: the example's customer_ledger (a database "
+        "handler, SQLite, exactly once) and payments (a reactor: commands and offsets in one Kafka transaction) "
+        "catching up over the same order events as the read_committed consume ceiling, from their first committed "
+        "progress; then their lag (records behind) under orders over HTTP at W2's fixed rate, and how long each takes "
+        "to catch up once that load stops.",
         "- W4 = the customer_recent_orders projection (PySpark, local[2], into Delta Lake) over order events made by "
         "the processor: the catch-up rate of `esk project run`, and the lag of `--continuous` from a command's "
         "HTTP 200 to the Delta commit that shows its row.",

@@ -17,12 +17,13 @@ from pathlib import Path
 
 from rich.table import Table
 
-from bench import ceilings, http_e2e, measure, peer, projection
+from bench import ceilings, http_e2e, measure, peer, projection, subscribers
 from bench.cluster import Cluster, run_harness, scratch_broker, scratch_settings
 from bench.http_e2e import W2Sizes
 from bench.measure import drain, histogram_quantile, restarts, w3_outputs_row
 from bench.projection import W4Sizes
 from bench.results import Report, console
+from bench.subscribers import W6Sizes
 from bench.workload import account_ids, accounts_commands, command_records, produce
 from esk.kafka.reader import read_committed
 from esk.kafka.topics import TopicNames, TopicSpec, ensure_topics, topic_specs
@@ -35,12 +36,13 @@ class Sizes:
     accounts: int
     w2: W2Sizes
     w4: W4Sizes
+    w6: W6Sizes
 
 
 QUICK = Sizes(50_000, 5_000, http_e2e.QUICK,
-              W4Sizes(events=50_000, lag_rate=20, lag_s=30))
+              W4Sizes(events=50_000, lag_rate=20, lag_s=30), subscribers.QUICK)
 FULL = Sizes(1_000_000, 100_000, http_e2e.FULL,
-             W4Sizes(events=1_000_000, lag_rate=20, lag_s=120))
+             W4Sizes(events=1_000_000, lag_rate=20, lag_s=120), subscribers.FULL)
 
 
 async def run(sizes: Sizes, partitions: int, budget_mb: int, with_peer: bool) -> Report:
@@ -96,8 +98,9 @@ async def run(sizes: Sizes, partitions: int, budget_mb: int, with_peer: bool) ->
         finally:
             cluster.stop_all()
 
-        # -- W2 and W4, each on an application of its own ---------------------------------
+        # -- W2, W6 and W4, each on an application of its own -----------------------------
         await http_e2e.measure(settings, workdir, sizes.w2, budget_mb, broker_pid, report)
+        await subscribers.measure(settings, workdir, sizes.w6, budget_mb, report)
         await projection.measure(settings, workdir, sizes.w4, budget_mb, report)
 
         # -- the peer: the same validation as a Quix Streams app, W1 and W3 ----------------
@@ -136,6 +139,7 @@ def ratios(report: Report, budget_mb: int) -> list[tuple[str, float | None, str]
         ("W5 esk max RSS minus the RocksDB budget (MB)", over, "<= 150"),
         ("W2 commands/s over HTTP at saturation", report.get("W2", http_e2e.SATURATION), ">= 3000"),
         (f"W2 p99 latency at {http_e2e.FIXED_RATE:,} commands/s (ms)", report.get("W2", http_e2e.latency_row("p99", http_e2e.FIXED_RATE)), "<= 50"),
+        *subscribers.ratios(report),
     ]
 
 

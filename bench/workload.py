@@ -1,4 +1,4 @@
-"""The workloads: accounts commands (W1, W2) and orders commands (W4), written straight onto
+"""The workloads: accounts commands (W1, W2) and orders commands (W4, W6), written straight onto
 the commands topic or sent over HTTP (bench/http_load.py)."""
 
 from __future__ import annotations
@@ -56,11 +56,18 @@ def accounts_commands(n_commands: int, n_accounts: int, seed: int) -> list[Comma
     return account_opens(ids) + list(itertools.islice(account_moves(ids, seed), max(n_commands - n_accounts, 0)))
 
 
-def order_place(order_id: str, customer_id: str, rng: random.Random) -> CommandEnvelope:
+def order_place(order_id: str, customer_id: str, rng: random.Random, pay_from_share: float = 0.0) -> CommandEnvelope:
+    """An order of 1-3 lines; `pay_from_share` of them name an account to pay from (one of
+    `account_ids(PAYING_ACCOUNTS)`), for the `payments` saga."""
     lines = [{"sku": f"sku-{rng.randrange(1000)}", "qty": rng.randint(1, 3), "price": rng.randint(100, 9_000)}
              for _ in range(rng.randint(1, 3))]
-    return CommandEnvelope(f"{order_id}/place", "orders", order_id, "place", {"customer_id": customer_id, "lines": lines},
-                           expect_new=True, submitted_at=0)
+    payload: dict[str, object] = {"customer_id": customer_id, "lines": lines}
+    if pay_from_share and rng.random() < pay_from_share:
+        payload["pay_from"] = f"acc-{rng.randrange(PAYING_ACCOUNTS)}"
+    return CommandEnvelope(f"{order_id}/place", "orders", order_id, "place", payload, expect_new=True, submitted_at=0)
+
+
+PAYING_ACCOUNTS = 1_000
 
 
 # What may follow a place; every sequence is accepted, so each command makes one event.
@@ -73,7 +80,7 @@ def customers_for(n_events: int) -> int:
     return max(n_events // 40, 1)
 
 
-def orders_commands(n_events: int, seed: int) -> list[CommandEnvelope]:
+def orders_commands(n_events: int, seed: int, pay_from_share: float = 0.0) -> list[CommandEnvelope]:
     """Orders placed by `customers_for(n_events)` customers, most followed by add-line,
     ship or cancel: `n_events` commands that make `n_events` events."""
     rng = random.Random(seed)
@@ -81,7 +88,7 @@ def orders_commands(n_events: int, seed: int) -> list[CommandEnvelope]:
     commands: list[CommandEnvelope] = []
     for n in itertools.count():
         order = f"ord-{n}"
-        commands.append(order_place(order, f"cust-{rng.randrange(customers)}", rng))
+        commands.append(order_place(order, f"cust-{rng.randrange(customers)}", rng, pay_from_share))
         for name in rng.choice(_ORDER_FOLLOW_UPS):
             payload = {"sku": "extra", "qty": 1, "price": rng.randint(100, 900)} if name == "add-line" else {}
             commands.append(CommandEnvelope(f"{order}/{name}", "orders", order, name, payload, submitted_at=0))
