@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 ESK    := $(VENV)/bin/esk
 VENV_STAMP := $(VENV)/.esk-installed
 
-.PHONY: run test setup venv jars tools tools-node tools-postgres tools-kubeconform crash subscriptions-crash cluster-test bench bench-quick clean
+.PHONY: run test setup venv jars tools tools-node tools-postgres tools-kubeconform tools-promtool crash subscriptions-crash cluster-test bench bench-quick clean
 
 setup: venv jars
 
@@ -68,11 +68,21 @@ tools-kubeconform: $(K8S_SCHEMAS_STAMP)
 $(K8S_SCHEMAS_STAMP): tests/deploy/k8s_schemas.py | $(VENV_STAMP)
 	$(PY) -m tests.deploy.k8s_schemas
 
+# promtool, which checks and unit-tests deploy/prometheus/ (tests/deploy/test_observability.py),
+# built into .tools/bin from tools/promtool/, whose go.mod pins the version (Prometheus's own
+# go.mod holds a replace directive, which `go install ...@version` refuses); rebuilt only when
+# missing or of another version.
+PROMTOOL_VERSION := $(shell awk '$$1 == "github.com/prometheus/prometheus" {print $$2}' tools/promtool/go.mod)
+tools-promtool:
+	@command -v go >/dev/null 2>&1 || { echo "error: go not found: install Go 1.26 or newer"; exit 1; }
+	@go version -m $(TOOLS_BIN)/promtool 2>/dev/null | grep -Eq "^[[:space:]]+(mod|dep)[[:space:]]+github.com/prometheus/prometheus[[:space:]]+$(PROMTOOL_VERSION)([[:space:]]|$$)" \
+	  || { echo "go build promtool $(PROMTOOL_VERSION)"; cd tools/promtool && go build -o $(TOOLS_BIN)/promtool github.com/prometheus/prometheus/cmd/promtool; }
+
 run: setup
 	$(ESK) dev
 
 # The gates first (seconds), then the suite against the real broker (minutes).
-test: setup tools-node tools-postgres tools-kubeconform
+test: setup tools-node tools-postgres tools-kubeconform tools-promtool
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -p no:cacheprovider

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -13,7 +12,9 @@ from rich.console import Console
 from rich.markup import escape
 
 from .broker import BrokerError, EmbeddedBroker
+from .kafka.client_options import KafkaAccessError, check_access
 from .kafka.topics import ensure_topics, topic_specs
+from .logs import configure_logging
 from .registry import Registry, load_registry
 from .schema.lock import LOCK_FILE, LockError, build_lock, read_lock, write_lock
 from .settings import Settings
@@ -52,9 +53,7 @@ def load_settings(**overrides: Any) -> Settings:
             settings = settings.model_copy(update={section: part})
         else:
             settings = settings.model_copy(update={section: value})
-    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for noisy in ("aiokafka", "py4j"):
-        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
+    configure_logging(settings.log_level, settings.log_format)
     return settings
 
 
@@ -74,6 +73,15 @@ def domain_registry(settings: Settings) -> Registry:
         raise fail(str(error)) from None
     except ImportError as error:  # the module exists, but something it imports does not
         raise fail(f"ESK_DOMAIN={settings.domain}: {error}") from None
+
+
+def require_kafka_access(settings: Settings) -> None:
+    """A broker that refuses esk's clients (TLS, SASL) is a one-line error before any of
+    them starts: theirs would be "Unable to bootstrap", with the reason only in a log line."""
+    try:
+        asyncio.run(check_access(settings))
+    except KafkaAccessError as error:
+        raise fail(str(error)) from None
 
 
 PortOption = Annotated[int | None, typer.Option("--port", help="Broker port (ESK_BROKER__PORT).")]
@@ -120,6 +128,7 @@ def topics_init(
 
 def init_topics(settings: Settings) -> None:
     registry = domain_registry(settings)
+    require_kafka_access(settings)
     report = asyncio.run(ensure_topics(settings, topic_specs(settings, registry)))
     for name in report.created:
         console.print(f"created  {name}")
@@ -138,6 +147,7 @@ def processor() -> None:
 
     settings = load_settings()
     domain_registry(settings)  # fails in one line here; the runtime loads it again (cached)
+    require_kafka_access(settings)
     run_processor(settings)
 
 
@@ -151,6 +161,7 @@ def api(
 
     settings = load_settings(api__host=host, api__port=port)
     domain_registry(settings)  # fails in one line here; the runtime loads it again (cached)
+    require_kafka_access(settings)
     run_api(settings)
 
 
@@ -162,6 +173,7 @@ def subscriber(name: Annotated[str, typer.Argument(help="A subscription (see `es
     settings = load_settings()
     domain_registry(settings)  # fails in one line here; the runtime loads it again (cached)
     subscription_named(settings, name)
+    require_kafka_access(settings)
     run_subscriber(settings, name)
 
 
@@ -230,6 +242,7 @@ def project_run(
     projections = read_models(settings)
     if name not in projections:
         raise fail(f"no read model {name!r}; `esk project list` shows them")
+    require_kafka_access(settings)
     summary = run(settings, projections[name], continuous=continuous, rebuild=rebuild, console=console)
     console.print(
         f"{name}: generation {summary.generation}, {summary.batches} batches, {summary.events:,} events, "
@@ -395,6 +408,7 @@ def subscription_operations(settings: Settings, name: str) -> Any:
     from .subscriptions.operations import SubscriptionOperations
 
     subscription = subscription_named(settings, name)
+    require_kafka_access(settings)
     try:
         return SubscriptionOperations(settings, subscription, domain_registry(settings))
     except ValueError as error:

@@ -1,5 +1,8 @@
 """Prometheus metrics of every esk process (served on /metrics)."""
 
+import contextlib
+from collections.abc import Iterable
+
 from prometheus_client import Counter, Gauge, Histogram
 
 COMMANDS = Counter("esk_commands_total", "Commands handled by the processor, by outcome", ["type", "outcome"])
@@ -21,6 +24,10 @@ UNUSABLE_AGGREGATES = Gauge(
 )
 RESTORE_RATE = Gauge("esk_restore_records_per_second", "Rate of the latest restore", ["role", "partition"])
 ACTIVE_TASKS = Gauge("esk_active_tasks", "Partitions this processor owns")
+COMMANDS_LAG = Gauge(
+    "esk_commands_lag", "Commands of a partition this processor runs that it has not handled yet (up to the last stable offset)",
+    ["partition"],
+)
 STANDBY_TASKS = Gauge("esk_standby_tasks", "Partitions this processor keeps a warm standby copy of")
 REVOKE_SECONDS = Histogram(
     "esk_revoke_seconds",
@@ -42,3 +49,18 @@ SUBSCRIPTION_CAUGHT_UP = Gauge(
     "esk_subscription_caught_up", "1 when every input partition this subscriber owns is handled up to its end", ["subscription"]
 )
 SUBSCRIPTION_PARTITIONS = Gauge("esk_subscription_partitions", "Input partitions this subscriber owns and has started", ["subscription"])
+
+
+def forget_partitions(numbers: Iterable[int]) -> None:
+    """Drop the per-partition samples of commands partitions this processor no longer has:
+    their new owner reports them, and a value left behind (a lag, a restore cut short by
+    the revocation) would stay on the dashboard and keep an alert firing."""
+    for number in numbers:
+        partition = str(number)
+        for gauge, labels in (
+            (COMMANDS_LAG, (partition,)),
+            (UNUSABLE_AGGREGATES, (partition,)),
+            *((gauge, (role, partition)) for gauge in (RESTORE_REMAINING, RESTORE_RATE) for role in ("processor", "rebuilding")),
+        ):
+            with contextlib.suppress(KeyError):  # never reported
+                gauge.remove(*labels)

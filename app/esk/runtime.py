@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 
 from rich.progress import BarColumn, Progress, TaskID, TextColumn
 
+from . import tracing
 from .health import serve_operations
 from .processing.processor import Processor
 from .registry import load_registry
@@ -26,6 +27,7 @@ log = logging.getLogger(__name__)
 
 def run_processor(settings: Settings) -> None:
     return_large_blocks()
+    tracing.setup(settings, "processor")
     registry = load_registry(settings.domain)
     with Progress(
         TextColumn("{task.description}"),
@@ -74,6 +76,7 @@ def run_api(settings: Settings) -> None:
     from .api.http import create_app
 
     return_large_blocks()
+    tracing.setup(settings, "api")
     registry = load_registry(settings.domain)
     app = create_app(settings, registry)
     _freeze_startup_objects()
@@ -82,6 +85,7 @@ def run_api(settings: Settings) -> None:
         host=settings.api.host,
         port=settings.api.port,
         log_level=settings.log_level.lower(),
+        log_config=None,  # its lines through esk's handler (esk.logs): one format, text or JSON
         access_log=False,
         timeout_graceful_shutdown=10,
     )
@@ -92,6 +96,7 @@ def run_subscriber(settings: Settings, name: str) -> None:
     from .subscriptions.catalog import configured_subscriptions
     from .subscriptions.runner import SubscriptionRunner
 
+    tracing.setup(settings, f"subscriber-{name}")
     registry = load_registry(settings.domain)
     runner = SubscriptionRunner(settings, configured_subscriptions(settings)[name], registry)
     if settings.subscriber.metrics_port is not None:

@@ -40,6 +40,20 @@ class KafkaSettings(BaseModel):
     extra: dict[str, Any] = Field(default_factory=dict)
 
 
+class BrokerSaslSslSettings(BaseModel):
+    """A TLS + SASL/SCRAM client listener for the embedded broker, to try a secured setup on
+    one machine: its clients then need ESK_KAFKA__SECURITY_PROTOCOL=SASL_SSL and the rest.
+    Broker-to-broker traffic stays PLAINTEXT, on a port of loopback only."""
+
+    keystore: Path  # the broker's private key (PKCS#8) and certificate, or a PKCS12 or JKS keystore
+    keystore_type: Literal["PEM", "PKCS12", "JKS"] = "PEM"
+    keystore_password: str | None = None
+    scram_mechanism: Literal["SCRAM-SHA-256", "SCRAM-SHA-512"] = "SCRAM-SHA-512"
+    # name -> password, e.g. {"esk": "..."}; created when the storage is formatted (first start).
+    users: dict[str, str] = Field(default_factory=dict)
+    internal_port: int | None = None  # default: port + 2
+
+
 class BrokerSettings(BaseModel):
     """The embedded single-node KRaft broker run by `esk broker`."""
 
@@ -51,6 +65,7 @@ class BrokerSettings(BaseModel):
     java: str = "java"
     heap: str = "512m"
     start_timeout_s: float = 90.0
+    sasl_ssl: BrokerSaslSslSettings | None = None  # None: a PLAINTEXT listener
 
 
 class TopicSettings(BaseModel):
@@ -123,14 +138,31 @@ class SubscriberSettings(BaseModel):
     # Where a DatabaseHandler without a database of its own keeps its SQLite file
     # (`<data_dir>/<name>.sqlite`).
     data_dir: Path = DATA_ROOT / "subscriptions"
-    # Records handed to one partition's handlers at a time: one transaction's worth.
-    batch_max_records: int = 500
+    # Records fetched at a time, across the member's partitions; each partition's share is
+    # handled in one transaction. Bigger is cheaper per record (a reactor's Kafka
+    # transaction costs several round trips: docs/benchmarks.md, W6).
+    batch_max_records: int = 5000
     session_timeout_ms: int = 10_000
     max_poll_interval_ms: int = 300_000
     # Prometheus metrics of `esk subscriber` (None: no metrics server); `esk dev` gives
     # each subscription's process the next port.
     metrics_port: int | None = 9465
     metrics_host: str = "127.0.0.1"
+
+
+class TracingSettings(BaseModel):
+    """OpenTelemetry tracing (esk.tracing): off by default, and then costs nothing."""
+
+    enabled: bool = False
+    # otlp: OTLP over HTTP (install esk[otlp]); console: every span on stdout; none: esk
+    # installs no exporter, spans go to the TracerProvider the process has, if any.
+    exporter: Literal["otlp", "console", "none"] = "otlp"
+    # The OTLP traces URL, e.g. http://collector:4318/v1/traces; None: the exporter's own
+    # default (OTEL_EXPORTER_OTLP_* variables, else localhost:4318).
+    endpoint: str | None = None
+    service_name: str | None = None  # default: "<app>-<process>", e.g. "esk-processor"
+    # Of the traces that start in esk; one that arrives keeps the caller's decision.
+    sample_ratio: float = Field(default=1.0, ge=0.0, le=1.0)
 
 
 class Settings(BaseSettings):
@@ -157,7 +189,11 @@ class Settings(BaseSettings):
     api: ApiSettings = Field(default_factory=ApiSettings)
     projections: ProjectionSettings = Field(default_factory=ProjectionSettings)
     subscriber: SubscriberSettings = Field(default_factory=SubscriberSettings)
+    tracing: TracingSettings = Field(default_factory=TracingSettings)
     log_level: str = "INFO"
+    # "json": one JSON object a line (timestamp, level, logger, message, exception), for a
+    # log collector; "text": one readable line.
+    log_format: Literal["text", "json"] = "text"
 
     @property
     def bootstrap_servers(self) -> str:

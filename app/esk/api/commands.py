@@ -34,6 +34,7 @@ from ..settings import Settings
 from .gateway import CommandGateway
 from .problems import Problem
 from .replica import StateReplica
+from .tracing import ROUTE_KEY
 
 log = logging.getLogger(__name__)
 
@@ -214,6 +215,7 @@ class CommandEndpoint:
         self.intake = intake
         self.aggregate_type = aggregate_type
         self.name = name
+        self.route = command_url(aggregate_type, name)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, aggregate_id: str) -> None:
         try:
@@ -240,6 +242,7 @@ class CommandRoutes:
             if len(parts) == 5 and parts[0] == "" and parts[1] == "v1" and parts[3]:
                 endpoint = self.endpoints.get((parts[2], parts[4]))
                 if endpoint is not None:
+                    scope[ROUTE_KEY] = endpoint.route  # the request's span is named after it
                     await endpoint(scope, receive, send, parts[3])
                     return
         await self.app(scope, receive, send)

@@ -7,7 +7,9 @@ in the log and its outcome will be produced whatever crashes next (G4).
 from __future__ import annotations
 
 from aiokafka import AIOKafkaProducer
+from opentelemetry.trace import SpanKind
 
+from .. import tracing
 from ..kafka.client_options import client_options
 from ..kafka.topics import TopicNames
 from ..protocol import CommandEnvelope
@@ -19,6 +21,7 @@ class CommandGateway:
         self.settings = settings
         self.topic = TopicNames(settings.app).commands
         self._producer: AIOKafkaProducer | None = None
+        self._traced = settings.tracing.enabled
 
     async def start(self) -> None:
         # aiokafka clients bind to the running loop, so they are made here, not in __init__.
@@ -37,4 +40,14 @@ class CommandGateway:
 
     async def submit(self, envelope: CommandEnvelope) -> None:
         assert self._producer is not None, "CommandGateway.start() was not awaited"
-        await self._producer.send_and_wait(self.topic, envelope.encode(), key=envelope.key)
+        if not self._traced:
+            await self._producer.send_and_wait(self.topic, envelope.encode(), key=envelope.key)
+            return
+        # A child of the request's span; the processor's handling becomes a child of this one.
+        with tracing.TRACER.start_as_current_span(
+            f"send {envelope.aggregate_type}.{envelope.command}",
+            kind=SpanKind.PRODUCER,
+            attributes={**tracing.command_attributes(envelope, self.topic), "messaging.operation.type": "send"},
+        ) as span:
+            headers = tracing.headers_for(span)
+            await self._producer.send_and_wait(self.topic, envelope.encode(), key=envelope.key, headers=headers)

@@ -8,6 +8,7 @@ documents every operation, so the routes here are left out of FastAPI's own docu
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -30,6 +31,17 @@ from .gateway import CommandGateway
 from .openapi import document
 from .problems import Problem
 from .replica import StateReplica
+from .tracing import TracingMiddleware
+
+
+def _fastapi_telemetry(settings: Settings) -> dict[str, Any]:
+    """FastAPI's own tracing off while esk's is on. FastAPI (recent versions) traces every
+    request by itself as soon as the process has a TracerProvider, but its span is named
+    only after the routes its router sees, which the command routes bypass; esk's
+    TracingMiddleware names both kinds. One server span per request, not two."""
+    if settings.tracing.enabled and "telemetry" in inspect.signature(FastAPI.__init__).parameters:
+        return {"telemetry": {"tracing": False}}
+    return {}
 
 
 def create_app(settings: Settings, registry: Registry) -> FastAPI:
@@ -53,6 +65,7 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
         version="1",
         lifespan=lifespan,
         description="Commands in, events out. Every error is application/problem+json.",
+        **_fastapi_telemetry(settings),
     )
     app.state.replica = replica
     app.state.gateway = gateway
@@ -76,6 +89,8 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
     app.add_middleware(CommandRoutes, endpoints=endpoints)
     if settings.api.auth_tokens:
         app.add_middleware(BearerAuth, tokens=frozenset(settings.api.auth_tokens))
+    if settings.tracing.enabled:  # outermost: a refused request is a span too
+        app.add_middleware(TracingMiddleware)
 
     router = APIRouter(include_in_schema=False)
 

@@ -10,7 +10,6 @@ killed and restarted without losing an acknowledged write or the quorum.
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -24,9 +23,9 @@ from .embedded import (
     java_executable,
     kafka_classpath,
     new_cluster_id,
-    port_is_free,
     wait_until_answering,
 )
+from .ports import listening_ports
 
 
 class KafkaCluster:
@@ -48,7 +47,7 @@ class KafkaCluster:
         self.jars_dir = jars_dir
         self.start_timeout_s = start_timeout_s
         self.cluster_id = new_cluster_id()
-        ports = _listening_ports(host, 2 * size)
+        ports = listening_ports(host, 2 * size)
         ids = range(1, size + 1)
         controller_ports = {n: ports[2 * n - 1] for n in ids}
         voters = ",".join(f"{n}@{host}:{controller_ports[n]}" for n in ids)
@@ -142,26 +141,3 @@ class KafkaCluster:
                 return True
             time.sleep(0.5)
         return False
-
-
-def _listening_ports(host: str, count: int) -> list[int]:
-    """`count` different free ports below the kernel's ephemeral range. A port from inside
-    it (as `free_port` gives) may become the local end of some client's connection while
-    its node is down, and then the node could not listen on it again when restarted."""
-    low = _first_ephemeral_port()
-    rng = random.Random()
-    ports: list[int] = []
-    for _ in range(10_000):
-        port = rng.randrange(max(low - 12_000, 1024), low)
-        if port not in ports and port_is_free(host, port):
-            ports.append(port)
-            if len(ports) == count:
-                return ports
-    raise BrokerError(f"no {count} free ports on {host} below {low}")
-
-
-def _first_ephemeral_port() -> int:
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768  # Linux's default

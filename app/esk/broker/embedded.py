@@ -26,7 +26,9 @@ from pathlib import Path
 from aiokafka import AIOKafkaClient
 
 from ..jars import JarsError, jars_dir
-from ..settings import BrokerSettings
+from ..settings import BrokerSaslSslSettings, BrokerSettings
+
+_LOOPBACK = "127.0.0.1"
 
 _LOG4J2 = """\
 status = warn
@@ -97,6 +99,10 @@ class BrokerNode:
     Kafka's internal topics (consumer offsets, transaction state) get `internal_replication`
     replicas, and writes to any topic without a setting of its own need a majority of
     them in sync: one node of three may then be lost without losing an acknowledged write.
+
+    With `sasl_ssl`, clients reach `port` over TLS and authenticate with SCRAM; the node's
+    own traffic (broker to broker, esk's "is it up" probe) uses a PLAINTEXT listener on a
+    loopback port, so that it needs neither a truststore nor a user of its own.
     """
 
     def __init__(
@@ -109,6 +115,7 @@ class BrokerNode:
         voters: str,
         internal_replication: int,
         heap: str,
+        sasl_ssl: BrokerSaslSslSettings | None = None,
     ) -> None:
         self.node_id = node_id
         self.host = host
@@ -118,6 +125,8 @@ class BrokerNode:
         self.voters = voters
         self.internal_replication = internal_replication
         self.heap = heap
+        self.sasl_ssl = sasl_ssl
+        self.internal_port = None if sasl_ssl is None else sasl_ssl.internal_port or port + 2
         self.log_dir = self.data_dir / "kraft"
         self.pid_file = self.data_dir / "broker.pid"
         self.log_file = self.data_dir / "broker.log"
@@ -127,21 +136,22 @@ class BrokerNode:
 
     @property
     def bootstrap(self) -> str:
+        """Where clients connect."""
         return f"{self.host}:{self.port}"
 
+    @property
+    def probe_bootstrap(self) -> str:
+        """Where esk asks whether the node answers: a PLAINTEXT listener."""
+        return self.bootstrap if self.internal_port is None else f"{_LOOPBACK}:{self.internal_port}"
+
     def properties(self) -> dict[str, str]:
-        host, port, cport = self.host, self.port, self.controller_port
         majority = str(self.internal_replication // 2 + 1)
         return {
             "process.roles": "broker,controller",
             "node.id": str(self.node_id),
             # Static voters: a port may change between restarts without re-formatting.
             "controller.quorum.voters": self.voters,
-            "listeners": f"PLAINTEXT://{host}:{port},CONTROLLER://{host}:{cport}",
-            "advertised.listeners": f"PLAINTEXT://{host}:{port}",
-            "controller.listener.names": "CONTROLLER",
-            "inter.broker.listener.name": "PLAINTEXT",
-            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            **self._listener_properties(),
             "log.dirs": str(self.log_dir),
             "num.partitions": "1",
             "auto.create.topics.enable": "false",
@@ -156,6 +166,50 @@ class BrokerNode:
             "group.initial.rebalance.delay.ms": "0",
             "log.cleaner.min.compaction.lag.ms": "0",
         }
+
+    def _listener_properties(self) -> dict[str, str]:
+        host, port, cport = self.host, self.port, self.controller_port
+        if self.sasl_ssl is None:
+            return {
+                "listeners": f"PLAINTEXT://{host}:{port},CONTROLLER://{host}:{cport}",
+                "advertised.listeners": f"PLAINTEXT://{host}:{port}",
+                "controller.listener.names": "CONTROLLER",
+                "inter.broker.listener.name": "PLAINTEXT",
+                "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            }
+        tls = self.sasl_ssl
+        internal = f"INTERNAL://{_LOOPBACK}:{self.internal_port}"
+        mechanism = tls.scram_mechanism
+        keystore = {"ssl.keystore.type": tls.keystore_type, "ssl.keystore.location": str(Path(tls.keystore).resolve())}
+        if tls.keystore_password is not None:
+            # A PEM keystore has no password of its own, only its (encrypted) key has.
+            if tls.keystore_type != "PEM":
+                keystore["ssl.keystore.password"] = tls.keystore_password
+            keystore["ssl.key.password"] = tls.keystore_password
+        return {
+            "listeners": f"SASL_SSL://{host}:{port},{internal},CONTROLLER://{host}:{cport}",
+            "advertised.listeners": f"SASL_SSL://{host}:{port},{internal}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "INTERNAL",
+            "listener.security.protocol.map": "SASL_SSL:SASL_SSL,INTERNAL:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "sasl.enabled.mechanisms": mechanism,
+            # The server side of SCRAM needs a login module, though it logs in as no one:
+            # the users' credentials are in the cluster metadata (written by `format`).
+            f"listener.name.sasl_ssl.{mechanism.lower()}.sasl.jaas.config": (
+                "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+            ),
+            **keystore,
+        }
+
+    def _scram_users(self) -> list[str]:
+        """`format` arguments that create the SCRAM users in the new cluster's metadata."""
+        if self.sasl_ssl is None:
+            return []
+        mechanism = self.sasl_ssl.scram_mechanism
+        arguments = []
+        for name, password in self.sasl_ssl.users.items():
+            arguments += ["--add-scram", f'{mechanism}=[name={_quoted(name)},password={_quoted(password)}]']
+        return arguments
 
     def prepare(self, java: str, classpath: str, cluster_id: str) -> None:
         """Write the configuration, and format the storage unless it was formatted before
@@ -177,6 +231,7 @@ class BrokerNode:
                 "--config",
                 str(self.properties_file),
                 "--ignore-formatted",
+                *self._scram_users(),
             ],
             capture_output=True,
             text=True,
@@ -258,7 +313,7 @@ class BrokerNode:
         return True
 
     def answers(self, timeout_s: float = 3.0) -> bool:
-        return asyncio.run(metadata_brokers(self.bootstrap, timeout_s)) > 0
+        return asyncio.run(metadata_brokers(self.probe_bootstrap, timeout_s)) > 0
 
     def exit_code(self) -> int | None:
         """The exit code of the process this object launched, once it has exited."""
@@ -276,10 +331,13 @@ class BrokerNode:
         self.pid_file.unlink(missing_ok=True)
 
     def require_free_ports(self) -> None:
-        for port in (self.port, self.controller_port):
-            if not port_is_free(self.host, port):
+        ports = [(self.host, self.port), (self.host, self.controller_port)]
+        if self.internal_port is not None:
+            ports.append((_LOOPBACK, self.internal_port))
+        for host, port in ports:
+            if not port_is_free(host, port):
                 raise BrokerError(
-                    f"port {port} on {self.host} is busy: stop what holds it "
+                    f"port {port} on {host} is busy: stop what holds it "
                     f"(`esk broker stop`, or `ss -ltnp | grep {port}`) or choose another with "
                     "ESK_BROKER__PORT / --port"
                 )
@@ -300,6 +358,7 @@ class EmbeddedBroker:
             voters=f"1@{settings.host}:{controller_port}",
             internal_replication=1,
             heap=settings.heap,
+            sasl_ssl=settings.sasl_ssl,
         )
         self.data_dir = self.node.data_dir
         self.log_file = self.node.log_file
@@ -317,13 +376,13 @@ class EmbeddedBroker:
         current = self.status()
         if current.running:
             if not current.answering:
-                wait_until_answering([], self.bootstrap, 1, self.settings.start_timeout_s)
+                wait_until_answering([], self.node.probe_bootstrap, 1, self.settings.start_timeout_s)
             return self.status()
         java, classpath = self._java(), self._classpath()
         self.node.require_free_ports()  # before formatting: a clash is the likelier mistake
         self.node.prepare(java, classpath, new_cluster_id())
         self.node.launch(java, classpath)
-        wait_until_answering([self.node], self.bootstrap, 1, self.settings.start_timeout_s)
+        wait_until_answering([self.node], self.node.probe_bootstrap, 1, self.settings.start_timeout_s)
         return self.status()
 
     def stop(self, timeout_s: float = 60.0) -> bool:
@@ -399,6 +458,14 @@ def port_is_free(host: str, port: int) -> bool:
         except OSError:
             return False
         return True
+
+
+def _quoted(value: str) -> str:
+    """A value for `format --add-scram`: it splits at every comma (no escape), and strips
+    one pair of enclosing quotes, so a value in quotes keeps quotes of its own."""
+    if "," in value:
+        raise BrokerError("a SCRAM user's name or password for the embedded broker cannot contain a comma")
+    return f'"{value}"'
 
 
 def _alive(pid: int) -> bool:

@@ -1,13 +1,23 @@
 """The keyword arguments every aiokafka client gets: bootstrap servers and security.
 
 TLS and SASL settings pass through untouched; anything else aiokafka accepts goes in
-`ESK_KAFKA__EXTRA` as JSON.
+`ESK_KAFKA__EXTRA` as JSON. `check_access` tells, before the clients start, whether the
+broker accepts those settings at all.
 """
 
 from __future__ import annotations
 
+import ssl
 from typing import Any
 
+from aiokafka.conn import create_conn
+from aiokafka.errors import (
+    AuthenticationFailedError,
+    KafkaConnectionError,
+    KafkaError,
+    SaslAuthenticationFailed,
+    UnsupportedSaslMechanismError,
+)
 from aiokafka.helpers import create_ssl_context
 
 from ..settings import Settings
@@ -43,3 +53,76 @@ def client_options(settings: Settings) -> dict[str, Any]:
     options.update(kafka.extra)
     return options
 
+
+class KafkaAccessError(RuntimeError):
+    """The broker refuses esk's clients (TLS, SASL): a one-line reason and what to set.
+    No retry helps, and aiokafka's clients would only say "Unable to bootstrap"."""
+
+
+async def check_access(settings: Settings) -> None:
+    """Connect to the first bootstrap server that answers as every client would, and raise
+    KafkaAccessError when TLS or SASL refuses the connection. A broker that cannot be
+    reached is no error here: each client reports that, or waits for it, as it does."""
+    options = client_options(settings)
+    connection_options = {name: options[name] for name in _CONNECTION_OPTIONS if name in options}
+    protocol = settings.kafka.security_protocol
+    closed_in_handshake = []
+    for address in settings.bootstrap_servers.split(","):
+        host, _, port = address.strip().rpartition(":")
+        where = f"Kafka at {host}:{port}"
+        try:
+            connection = await create_conn(host, int(port), **connection_options)
+        except ssl.SSLCertVerificationError as error:
+            hostname_hint = ", ESK_KAFKA__SSL_CHECK_HOSTNAME=false skips the host name check"
+            raise KafkaAccessError(
+                f"{where}: its TLS certificate is not trusted ({error.verify_message}); "
+                "ESK_KAFKA__SSL_CAFILE names the CA certificates to trust (PEM)"
+                + (hostname_hint if error.verify_code == _HOSTNAME_MISMATCH else "")
+            ) from None
+        except ssl.SSLError as error:
+            raise KafkaAccessError(
+                f"{where}: the TLS handshake failed ({error.reason or error}); "
+                f"is ESK_KAFKA__SECURITY_PROTOCOL={protocol} what this listener speaks?"
+            ) from None
+        except (SaslAuthenticationFailed, AuthenticationFailedError, UnsupportedSaslMechanismError) as error:
+            raise KafkaAccessError(
+                f"{where} refused SASL authentication as {settings.kafka.sasl_plain_username!r} "
+                f"({options.get('sasl_mechanism', 'PLAIN')}): {_detail(error)}; check ESK_KAFKA__SASL_MECHANISM, "
+                "ESK_KAFKA__SASL_PLAIN_USERNAME and ESK_KAFKA__SASL_PLAIN_PASSWORD"
+            ) from None
+        except (ConnectionResetError, KafkaConnectionError):
+            # TLS spoken to a listener without it, or the other way round: the peer hangs
+            # up. A broker shutting down does too, so this alone is no verdict.
+            closed_in_handshake.append(address)
+        except (OSError, TimeoutError, KafkaError):
+            continue  # down, or not there: the next address, else the clients' own handling
+        else:
+            connection.close()
+            return
+    if closed_in_handshake:
+        raise KafkaAccessError(
+            f"Kafka at {', '.join(closed_in_handshake)} closed the connection during the handshake: "
+            f"is ESK_KAFKA__SECURITY_PROTOCOL={protocol} what its listener speaks?"
+        )
+
+
+_CONNECTION_OPTIONS = (
+    "request_timeout_ms",
+    "ssl_context",
+    "security_protocol",
+    "sasl_mechanism",
+    "sasl_plain_username",
+    "sasl_plain_password",
+    "sasl_kerberos_service_name",
+    "sasl_kerberos_domain_name",
+    "sasl_oauth_token_provider",
+)
+_HOSTNAME_MISMATCH = 62  # X509_V_ERR_HOSTNAME_MISMATCH
+
+
+def _detail(error: KafkaError) -> str:
+    """The broker's own words ("... due to invalid credentials ..."), else what the error
+    code means (aiokafka then gives the connection as the error's argument)."""
+    if error.args and isinstance(error.args[0], str):
+        return str(error.args[0])
+    return str(getattr(error, "description", type(error).__name__)).rstrip(".")

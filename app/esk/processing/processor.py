@@ -19,7 +19,7 @@ from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssigno
 
 from ..kafka.reader import group_member
 from ..kafka.topics import TopicNames
-from ..metrics import REVOKE_SECONDS, STORE_MEMORY
+from ..metrics import COMMANDS_LAG, REVOKE_SECONDS, STORE_MEMORY, forget_partitions
 from ..registry import Registry
 from ..settings import Settings
 from ..state.directory import StateDirectory
@@ -108,6 +108,9 @@ class Processor:
             manager.punctuate()
             manager.schedule_commits(fetched)
         STORE_MEMORY.labels("processor").set(self.resources.usage_bytes())
+        for number, task in manager.tasks.items():
+            if (end := consumer.last_stable_offset(task.input)) is not None:  # known once a fetch answered
+                COMMANDS_LAG.labels(str(number)).set(max(end - task.next_offset, 0))
 
     def _warm_copies(self) -> dict[int, int]:
         """What this member tells the group leader it has: its standby copies with their
@@ -126,6 +129,7 @@ class Processor:
             await self.task_manager.revoke({tp.partition for tp in revoked})
         elapsed = time.monotonic() - started
         REVOKE_SECONDS.observe(elapsed)
+        forget_partitions(tp.partition for tp in revoked)
         if revoked:
             log.info("gave up partitions %s in %.3fs", sorted(tp.partition for tp in revoked), elapsed)
 

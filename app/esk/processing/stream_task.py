@@ -24,7 +24,9 @@ from dataclasses import dataclass, field
 
 from aiokafka import TopicPartition
 from aiokafka.structs import ConsumerRecord
+from opentelemetry.trace import SpanKind
 
+from .. import tracing
 from ..kafka.topics import TopicNames
 from ..metrics import COMMANDS, DLQ_RECORDS
 from ..protocol import (
@@ -75,6 +77,7 @@ class StreamTask:
         store: StateStore,
         next_offset: int,
         dedup_window_ms: int,
+        traced: bool = False,
     ) -> None:
         self.partition = partition
         self.topics = topics
@@ -87,6 +90,7 @@ class StreamTask:
         self.dedup_window_ms = dedup_window_ms
         self._open = Batch(next_offset)
         self._counted: Counter[tuple[str, str]] = Counter()  # commands by (type, outcome), for COMMANDS
+        self._traced = traced
 
     # -- handling ----------------------------------------------------------------
 
@@ -122,13 +126,14 @@ class StreamTask:
             handled.append((record, envelope, *keys))
             wanted += keys
         self.overlay.fetch(wanted)
+        handle = self._handle_traced if self._traced else self._handle
         try:
             for record, decoded, command_store_key, aggregate_store_key in handled:
                 self.next_offset = record.offset + 1
                 if isinstance(decoded, DecodeError):
                     self._dead_letter(record, str(decoded))
                 else:
-                    self._handle(record, decoded, command_store_key, aggregate_store_key)
+                    handle(record, decoded, command_store_key, aggregate_store_key)
         finally:
             self.overlay.forget_fetched()
             # one increment per kind and chunk: `labels()` and `inc()` each take a lock
@@ -136,39 +141,74 @@ class StreamTask:
                 COMMANDS.labels(aggregate_type, outcome).inc(count)
             self._counted.clear()
 
-    def _handle(
+    def _handle_traced(
         self,
         record: ConsumerRecord[bytes, bytes],
         envelope: CommandEnvelope,
         command_store_key: bytes,
         aggregate_store_key: bytes,
     ) -> None:
+        # A child of the context the command record carries (the HTTP request's, or the
+        # reactor's that sent it); its own context goes onto the events and the outcome.
+        with tracing.TRACER.start_as_current_span(
+            f"handle {envelope.aggregate_type}.{envelope.command}",
+            context=tracing.context_of(record.headers),
+            kind=SpanKind.CONSUMER,
+            attributes={
+                **tracing.command_attributes(envelope, record.topic),
+                "messaging.operation.type": "process",
+                "messaging.destination.partition.id": str(record.partition),
+                "messaging.kafka.offset": record.offset,
+            },
+        ) as span:
+            result = self._handle(record, envelope, command_store_key, aggregate_store_key, tracing.headers_for(span))
+            if isinstance(result, Outcome):
+                span.set_attribute("esk.command.outcome", result.status.value)
+                if result.code is not None:
+                    span.set_attribute("esk.command.code", result.code)
+            else:
+                span.set_attribute("esk.command.outcome", result)
+
+    def _handle(
+        self,
+        record: ConsumerRecord[bytes, bytes],
+        envelope: CommandEnvelope,
+        command_store_key: bytes,
+        aggregate_store_key: bytes,
+        trace: Headers | None = None,
+    ) -> Outcome | str:
+        """Handle one command; `trace`: the headers that carry its handling's trace context
+        (None: not traced). Returns its outcome, or what else became of it."""
         record_key = envelope.key  # the aggregate's: its events and outcomes carry it too
         if record.key != record_key:
             # Ordering (G1) rests on every command of an aggregate sharing a partition.
             self._dead_letter(record, f"record key {record.key!r} does not match aggregate {record_key!r}")
-            return
+            return "dead_letter"
         previous = self.overlay.get(command_store_key)
         if previous is not None:
             # A retry: answer with the original outcome, change nothing (G3).
-            self._emit(self.topics.results, record_key, previous)
+            self._emit(self.topics.results, record_key, previous, headers=trace)
             self._counted[envelope.aggregate_type, "duplicate"] += 1
-            return
+            return "duplicate"
         aggregate_type = self.registry.get(envelope.aggregate_type)
         if aggregate_type is None:
             detail = f"no aggregate type {envelope.aggregate_type!r}"
             outcome = refusal(envelope, Status.REJECTED, "unknown_aggregate_type", detail, 0, now_ms())
-            self._record_outcome(outcome, command_store_key, record_key)
-            return
+            self._record_outcome(outcome, command_store_key, record_key, trace)
+            return outcome
         raw = self.overlay.get(aggregate_store_key)
         stored = StoredAggregate.decode(raw) if raw is not None else None
         handled = handle_command(aggregate_type, envelope, stored, now_ms())
         events_topic = self.topics.events(envelope.aggregate_type)
         for event in handled.events:
-            self._emit(events_topic, record_key, event.encode(), headers=event.headers())
+            headers = event.headers()
+            if trace:
+                headers += trace
+            self._emit(events_topic, record_key, event.encode(), headers=headers)
         if handled.aggregate is not None:
             self._store_aggregate(aggregate_store_key, handled.aggregate, stored)
-        self._record_outcome(handled.outcome, command_store_key, record_key)
+        self._record_outcome(handled.outcome, command_store_key, record_key, trace)
+        return handled.outcome
 
     def _store_aggregate(self, key: bytes, aggregate: StoredAggregate, previous: StoredAggregate | None) -> None:
         self._change(key, aggregate.encode(), aggregate.expires_at)
@@ -197,11 +237,12 @@ class StreamTask:
         """Write a rebuilt (or unusable) state: through the changelog, like any change."""
         self._store_aggregate(aggregate_key(aggregate_type, aggregate_id), aggregate, previous)
 
-    def _record_outcome(self, outcome: Outcome, command_store_key: bytes, record_key: bytes) -> None:
+    def _record_outcome(self, outcome: Outcome, command_store_key: bytes, record_key: bytes, trace: Headers | None = None) -> None:
         """`command_store_key`: where the outcome answers retries; `record_key`: the
-        aggregate's record key, which the outcome is published under."""
+        aggregate's record key, which the outcome is published under, with `trace`'s
+        headers (a reactor's outcome handler continues the trace)."""
         value = outcome.encode()
-        self._emit(self.topics.results, record_key, value)
+        self._emit(self.topics.results, record_key, value, headers=trace)
         self._change(command_store_key, value, expires_at=outcome.processed_at + self.dedup_window_ms)
         self._counted[outcome.aggregate_type, outcome.code or outcome.status.value] += 1
 

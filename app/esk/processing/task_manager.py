@@ -348,7 +348,8 @@ class TaskManager:
             )
             partition.group_offset = committed
             partition.task = StreamTask(
-                number, self.topics, self.registry, store, start, dedup_window_ms=self.settings.processor.dedup_window_s * 1000
+                number, self.topics, self.registry, store, start, dedup_window_ms=self.settings.processor.dedup_window_s * 1000,
+                traced=self.settings.tracing.enabled,
             )
             partition.state = PartitionState.REBUILDING
             reader = functools.partial(committed_reader, self.settings, f"{self.group_id}-rebuild-{number}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import types
 import typing
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -77,28 +78,53 @@ def ddl(schema: StructType) -> str:
 
 
 def kafka_source_options(settings: Settings) -> dict[str, str]:
-    """Spark's Kafka source takes consumer settings with a `kafka.` prefix."""
+    """Spark's Kafka source takes the Java consumer's settings with a `kafka.` prefix: the
+    same ESK_KAFKA__* settings as esk's own clients, translated."""
     k = settings.kafka
     options = {
         "kafka.bootstrap.servers": settings.bootstrap_servers,
         "kafka.isolation.level": "read_committed",
         "kafka.security.protocol": k.security_protocol,
     }
+    if k.security_protocol in ("SSL", "SASL_SSL"):
+        options |= _java_tls_options(settings)
+    if k.security_protocol.startswith("SASL"):
+        # aiokafka's default mechanism; Java's would be GSSAPI (Kerberos).
+        mechanism = k.sasl_mechanism or "PLAIN"
+        options["kafka.sasl.mechanism"] = mechanism
+        if mechanism == "PLAIN" or mechanism.startswith("SCRAM-"):
+            module = "plain.PlainLoginModule" if mechanism == "PLAIN" else "scram.ScramLoginModule"
+            options["kafka.sasl.jaas.config"] = (
+                f"org.apache.kafka.common.security.{module} required "
+                f"username={_jaas_quoted(k.sasl_plain_username or '')} password={_jaas_quoted(k.sasl_plain_password or '')};"
+            )
+    return options
+
+
+def _java_tls_options(settings: Settings) -> dict[str, str]:
+    k = settings.kafka
+    options: dict[str, str] = {}
     if k.ssl_cafile:
         options |= {"kafka.ssl.truststore.type": "PEM", "kafka.ssl.truststore.location": k.ssl_cafile}
+    if not k.ssl_check_hostname:
+        options["kafka.ssl.endpoint.identification.algorithm"] = ""  # Java checks by default
     if k.ssl_certfile and k.ssl_keyfile:
-        options |= {"kafka.ssl.keystore.type": "PEM", "kafka.ssl.keystore.location": k.ssl_certfile}
-    if k.sasl_mechanism:
-        options["kafka.sasl.mechanism"] = k.sasl_mechanism
-        module = (
-            "org.apache.kafka.common.security.plain.PlainLoginModule"
-            if k.sasl_mechanism == "PLAIN"
-            else "org.apache.kafka.common.security.scram.ScramLoginModule"
-        )
-        options["kafka.sasl.jaas.config"] = (
-            f'{module} required username="{k.sasl_plain_username}" password="{k.sasl_plain_password}";'
-        )
+        # The Java client's PEM keystore wants the key and the chain together; given as
+        # two files (as aiokafka takes them), they go in as values. The key must be PKCS#8.
+        options |= {
+            "kafka.ssl.keystore.type": "PEM",
+            "kafka.ssl.keystore.certificate.chain": Path(k.ssl_certfile).read_text(),
+            "kafka.ssl.keystore.key": Path(k.ssl_keyfile).read_text(),
+        }
+        if k.ssl_password:
+            options["kafka.ssl.key.password"] = k.ssl_password
     return options
+
+
+def _jaas_quoted(value: str) -> str:
+    """A JAAS option value: in double quotes, with backslash escapes (Java reads it with a
+    StreamTokenizer)."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def event_stream(spark: SparkSession, settings: Settings, categories: tuple[str, ...]) -> DataFrame:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError, ProducerFenced
 
+from .. import tracing
 from ..processing.record_collector import Output
 from ..processing.streams_producer import StreamsProducer
 from ..settings import Settings
@@ -73,6 +74,7 @@ class TransactionalSink(PartitionSink):
         self.group_id = group_id
         self.tp = tp
         self.producer = StreamsProducer(settings, transactional_id(group_id, tp), client_id=f"{group_id}-{tp.topic}-{tp.partition}")
+        self.traced = settings.tracing.enabled
 
     async def open(self) -> StartingPoint:
         await self.producer.start()  # fencing first: the committed offset is read after it
@@ -92,9 +94,13 @@ class TransactionalUnit(Unit):
 
     async def apply(self, delivery: Delivery, replaying: bool) -> None:
         commands = self.sink.router.commands_topic
-        for command_id, send in await reactor_commands(self.sink.subscription.name, delivery, replaying):
+        sends = await reactor_commands(self.sink.subscription.name, delivery, replaying)
+        # The worker's span for this delivery is current: the processor's handling of these
+        # commands joins its trace.
+        headers = tracing.headers_for() if self.sink.traced and sends else None
+        for command_id, send in sends:
             envelope = command_envelope(command_id, send, delivery)
-            self.outputs.append(Output(commands, envelope.key, envelope.encode()))
+            self.outputs.append(Output(commands, envelope.key, envelope.encode(), headers=headers))
 
     async def park(self, event: ParkedEvent) -> None:
         self.outputs.append(parked_output(self.sink.parked_topic, event))

@@ -66,7 +66,10 @@ class InputPartition:
     async def _run(self) -> None:
         failures = 0
         while True:
-            self.worker = PartitionWorker(self.runner.subscription, self.runner.router, self.runner.stores.sink(self.tp))
+            self.worker = PartitionWorker(
+                self.runner.subscription, self.runner.router, self.runner.stores.sink(self.tp),
+                traced=self.runner.settings.tracing.enabled,
+            )
             try:
                 await self._start(self.worker)
                 failures = 0

@@ -15,18 +15,22 @@ import logging
 from collections.abc import Sequence
 
 from aiokafka.structs import ConsumerRecord
+from opentelemetry.trace import SpanKind
 
+from .. import tracing
 from ..metrics import SUBSCRIPTION_EVENTS
 from .api import AnySubscription, Retries
 from .parking import ParkedEvent, aggregate_key
-from .routing import Delivery, Router, Undecodable
+from .routing import Delivery, EventDelivery, Router, Undecodable
 from .sinks import PartitionSink, Unit
 
 log = logging.getLogger(__name__)
 
 
 class PartitionWorker:
-    def __init__(self, subscription: AnySubscription, router: Router, sink: PartitionSink, retries: Retries | None = None) -> None:
+    def __init__(
+        self, subscription: AnySubscription, router: Router, sink: PartitionSink, retries: Retries | None = None, traced: bool = False
+    ) -> None:
         self.subscription = subscription
         self.router = router
         self.sink = sink
@@ -34,6 +38,10 @@ class PartitionWorker:
         self.next_offset: int | None = None  # as of the last commit; None: nothing committed yet
         self.replay_until = 0
         self.parked: set[str] = set()
+        self._traced = traced
+        self._handled = SUBSCRIPTION_EVENTS.labels(subscription.name, "handled")
+        # handled since the last commit: counted once per commit, as `inc()` takes a lock
+        self._uncounted = 0
 
     async def open(self) -> int | None:
         """Take the partition; return the offset to read from (None: its beginning)."""
@@ -74,17 +82,48 @@ class PartitionWorker:
                 if delivery is None:
                     continue
                 try:
-                    await unit.apply(delivery, record.offset < self.replay_until)
+                    await self._apply(unit, record, delivery)
                 except Exception as error:
                     await self._commit(unit, record.offset)  # what came before it, without it
                     await self._try_again(record, delivery, error, verified)
                     unit = await self.sink.begin()
                     continue
-                SUBSCRIPTION_EVENTS.labels(self.subscription.name, "handled").inc()
+                self._uncounted += 1
             await self._commit(unit, end_offset)
         except BaseException:
+            self._uncounted = 0
             await unit.abort()
             raise
+
+    async def _apply(self, unit: Unit, record: ConsumerRecord[bytes, bytes], delivery: Delivery) -> None:
+        replaying = record.offset < self.replay_until
+        if not self._traced:
+            await unit.apply(delivery, replaying)
+            return
+        if isinstance(delivery, EventDelivery):
+            name, handled = delivery.record.type, {"esk.event.type": delivery.record.type}
+        else:
+            name = f"outcome {delivery.outcome.aggregate_type}.{delivery.outcome.command}"
+            handled = {"esk.command.id": delivery.outcome.command_id, "esk.command.outcome": delivery.outcome.status}
+        # A child of the context the record carries (the handling of the command that wrote
+        # it), and current while the handler runs: the commands a reactor sends carry it on,
+        # and whatever the handler itself traces joins the same trace. Each attempt is a span.
+        with tracing.TRACER.start_as_current_span(
+            f"{self.subscription.name} {name}",
+            context=tracing.context_of(record.headers),
+            kind=SpanKind.CONSUMER,
+            attributes={
+                **handled,
+                "esk.subscription": self.subscription.name,
+                "esk.replaying": replaying,
+                "messaging.system": "kafka",
+                "messaging.operation.type": "process",
+                "messaging.destination.name": record.topic,
+                "messaging.destination.partition.id": str(record.partition),
+                "messaging.kafka.offset": record.offset,
+            },
+        ):
+            await unit.apply(delivery, replaying)
 
     async def _still_parked(self, unit: Unit, key: str, verified: set[str]) -> bool:
         if key in verified:
@@ -112,7 +151,7 @@ class PartitionWorker:
             attempts += 1
             unit = await self.sink.begin()
             try:
-                await unit.apply(delivery, record.offset < self.replay_until)
+                await self._apply(unit, record, delivery)
             except Exception as again:
                 await unit.abort()
                 error = again
@@ -121,7 +160,7 @@ class PartitionWorker:
                 await unit.abort()
                 raise
             await self._commit(unit, record.offset + 1)
-            SUBSCRIPTION_EVENTS.labels(self.subscription.name, "handled").inc()
+            self._handled.inc()
             return
         unit = await self.sink.begin()
         try:
@@ -144,3 +183,6 @@ class PartitionWorker:
     async def _commit(self, unit: Unit, next_offset: int) -> None:
         await unit.commit(next_offset)
         self.next_offset = next_offset
+        if self._uncounted:
+            self._handled.inc(self._uncounted)
+            self._uncounted = 0

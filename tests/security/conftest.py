@@ -1,0 +1,91 @@
+"""A broker of its own for the security tests: its client listener is SASL_SSL (TLS with a
+certificate made here by openssl, SCRAM-SHA-512 users created when its storage is
+formatted), started through the same settings a user would give `esk broker`."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from esk.broker import EmbeddedBroker
+from esk.broker.ports import listening_ports
+from esk.settings import BrokerSaslSslSettings, BrokerSettings, Settings
+
+USER, PASSWORD = "esk-app", 's3cret=[with]"odd" characters'
+
+
+@dataclass(frozen=True)
+class Certificates:
+    keystore: Path  # the broker's private key and self-signed certificate, PEM
+    ca: Path  # that certificate alone: what clients trust
+    stranger_ca: Path  # another self-signed certificate: trusting it, a client must refuse the broker
+
+
+def self_signed(folder: Path, name: str) -> tuple[Path, Path]:
+    """A fresh key and a self-signed certificate for 127.0.0.1, as PEM: the key (PKCS#8,
+    as Kafka wants it) and the certificate in one file, and the certificate alone."""
+    key, certificate = folder / f"{name}.key", folder / f"{name}.crt"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+         "-keyout", str(key), "-out", str(certificate), "-days", "2", "-subj", f"/CN={name}",
+         "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    keystore = folder / f"{name}.pem"
+    keystore.write_text(key.read_text() + certificate.read_text())
+    return keystore, certificate
+
+
+@pytest.fixture(scope="session")
+def certificates(tmp_path_factory: pytest.TempPathFactory) -> Certificates:
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed: the security tests make their certificates with it")
+    folder = tmp_path_factory.mktemp("certificates")
+    keystore, ca = self_signed(folder, "broker")
+    _, stranger = self_signed(folder, "stranger")
+    return Certificates(keystore, ca, stranger)
+
+
+@pytest.fixture(scope="session")
+def secured_broker(tmp_path_factory: pytest.TempPathFactory, certificates: Certificates) -> Iterator[EmbeddedBroker]:
+    port, controller_port, internal_port = listening_ports("127.0.0.1", 3)
+    sasl_ssl = BrokerSaslSslSettings(keystore=certificates.keystore, users={USER: PASSWORD}, internal_port=internal_port)
+    data_dir = tmp_path_factory.mktemp("secured-broker")
+    broker = EmbeddedBroker(BrokerSettings(port=port, controller_port=controller_port, data_dir=data_dir, sasl_ssl=sasl_ssl))
+    broker.start()
+    yield broker
+    broker.stop()
+
+
+def kafka_security(broker: EmbeddedBroker, certificates: Certificates, **overrides: Any) -> dict[str, Any]:
+    """What a user sets (ESK_KAFKA__*) to reach the secured broker: nothing else."""
+    return {
+        "bootstrap_servers": broker.bootstrap,
+        "security_protocol": "SASL_SSL",
+        "ssl_cafile": str(certificates.ca),
+        "sasl_mechanism": "SCRAM-SHA-512",
+        "sasl_plain_username": USER,
+        "sasl_plain_password": PASSWORD,
+        **overrides,
+    }
+
+
+@pytest.fixture
+def secured_settings(secured_broker: EmbeddedBroker, certificates: Certificates, tmp_path: Path) -> Settings:
+    return Settings(
+        app=f"t{uuid.uuid4().hex[:10]}",
+        kafka=kafka_security(secured_broker, certificates),
+        topics={"partitions": 2},
+        processor={"state_dir": tmp_path / "processor", "commit_interval_ms": 20, "metrics_port": None},
+        api={"state_dir": tmp_path / "api", "port": 0},
+        subscriber={"data_dir": tmp_path / "subscriptions", "metrics_port": None},
+        projections={"warehouse_dir": tmp_path / "warehouse"},
+        _env_file=None,
+    )

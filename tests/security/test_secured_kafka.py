@@ -1,0 +1,153 @@
+"""esk against a broker that speaks only TLS + SASL/SCRAM to its clients, configured by
+settings alone: the topics, the processor and the HTTP API, a subscriber and Spark's
+Kafka source work; a wrong password or an untrusted certificate stops each process at start
+with one line that says why, not a hang or a retry loop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from aiokafka import AIOKafkaProducer
+from typer.testing import CliRunner
+
+from esk.broker import EmbeddedBroker
+from esk.cli import cli
+from esk.kafka.client_options import client_options
+from esk.kafka.topics import TopicNames, ensure_topics, topic_specs
+from esk.protocol import EventRecord
+from esk.registry import load_registry
+from esk.settings import Settings
+from subscriptions.customer_ledger import customer_ledger
+from tests.security.conftest import Certificates, kafka_security
+from tests.subscriptions.running import subscriber
+from tests.system import system
+
+pytestmark = pytest.mark.kafka
+
+START_FAILS_WITHIN_S = 30.0
+
+
+async def test_commands_and_a_subscriber_over_tls_and_scram(secured_settings: Settings) -> None:
+    async with system(secured_settings) as s:  # topics created, processor and API started
+        c = s.client
+        assert (await c.post("/v1/accounts/a1/open", json={"owner": "ada"})).status_code == 200
+        assert (await c.post("/v1/accounts/a1/deposit", json={"amount": 40})).status_code == 200
+        assert (await c.get("/v1/accounts/a1")).json()["state"]["balance"] == 40
+        for order, price in (("o1", 5), ("o2", 7)):
+            placed = await c.post(f"/v1/orders/{order}/place", json={"customer_id": "c1", "lines": [{"sku": "a", "qty": 2, "price": price}]})
+            assert placed.status_code == 200
+
+        async with subscriber(secured_settings, customer_ledger, s.registry) as ledger:
+            await ledger.caught_up()
+    database = Path(secured_settings.subscriber.data_dir) / "customer_ledger.sqlite"
+    with contextlib.closing(sqlite3.connect(database)) as db:
+        assert db.execute("SELECT customer_id, orders, total FROM customer_ledger").fetchall() == [("c1", 2, 24)]
+
+
+@pytest.mark.spark
+def test_spark_reads_the_secured_topics(secured_settings: Settings) -> None:
+    """Through the Kafka source options every projection's stream gets (a batch read: a
+    projection's run on top, Delta and all, would cost a minute on a small machine)."""
+    pytest.importorskip("pyspark")
+    from esk.projections.events import decode, kafka_source_options
+    from esk.projections.session import spark_session
+
+    asyncio.run(write_account_events(secured_settings))
+    spark = spark_session(secured_settings, "esk-security-tests")
+    try:
+        raw = (
+            spark.read.format("kafka")
+            .options(**kafka_source_options(secured_settings))
+            .option("subscribe", TopicNames(secured_settings.app).events("accounts"))
+            .load()
+        )
+        rows = decode(raw).select("aggregate_id", "version", "type").orderBy("version").collect()
+    finally:
+        spark.stop()
+    assert [tuple(row) for row in rows] == [("a1", 1, "Opened"), ("a1", 2, "Deposited"), ("a1", 3, "Withdrawn")]
+
+
+async def write_account_events(settings: Settings) -> None:
+    """Three events of account a1, written by a plain producer (over SASL_SSL too)."""
+    await ensure_topics(settings, topic_specs(settings, load_registry(settings.domain)))
+    events = [("Opened", 2, {"owner": "ada"}), ("Deposited", 1, {"amount": 50}), ("Withdrawn", 1, {"amount": 20})]
+    producer = AIOKafkaProducer(**client_options(settings), acks="all")
+    await producer.start()
+    try:
+        for version, (kind, schema_version, data) in enumerate(events, start=1):
+            record = EventRecord(f"accounts/a1/{version}", "accounts", "a1", version, kind, schema_version, data, "c", "c", "c", 0)
+            await producer.send_and_wait(TopicNames(settings.app).events("accounts"), record.encode(), key=b"a1", headers=record.headers())
+    finally:
+        await producer.stop()
+
+
+def security_environment(settings: Settings) -> dict[str, str]:
+    """The ESK_KAFKA__* variables of `settings`, as a user would export them."""
+    kafka = settings.kafka
+    return {
+        "ESK_APP": settings.app,
+        "ESK_KAFKA__BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+        "ESK_KAFKA__SECURITY_PROTOCOL": kafka.security_protocol,
+        "ESK_KAFKA__SSL_CAFILE": str(kafka.ssl_cafile),
+        "ESK_KAFKA__SASL_MECHANISM": str(kafka.sasl_mechanism),
+        "ESK_KAFKA__SASL_PLAIN_USERNAME": str(kafka.sasl_plain_username),
+        "ESK_KAFKA__SASL_PLAIN_PASSWORD": str(kafka.sasl_plain_password),
+    }
+
+
+def test_a_wrong_password_stops_each_process_at_start_with_one_line(
+    secured_broker: EmbeddedBroker, certificates: Certificates, tmp_path: Path
+) -> None:
+    wrong = Settings(app="wrong-password", kafka=kafka_security(secured_broker, certificates, sasl_plain_password="wrong"), _env_file=None)
+    env = {
+        **os.environ,
+        **security_environment(wrong),
+        "ESK_PROCESSOR__STATE_DIR": str(tmp_path / "processor"),
+        "ESK_PROCESSOR__METRICS_PORT": "0",
+        "ESK_API__STATE_DIR": str(tmp_path / "api"),
+        "ESK_API__PORT": "0",
+        "ESK_SUBSCRIBER__DATA_DIR": str(tmp_path / "subscriptions"),
+        "ESK_SUBSCRIBER__METRICS_PORT": "0",
+    }
+    commands = {"processor": ["processor"], "api": ["api"], "subscriber": ["subscriber", "customer_ledger"]}
+    started = time.monotonic()
+    running = {
+        name: subprocess.Popen([sys.executable, "-m", "esk", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for name, args in commands.items()
+    }
+    try:
+        outcomes = {name: process.communicate(timeout=START_FAILS_WITHIN_S) for name, process in running.items()}
+    finally:
+        for process in running.values():
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    assert time.monotonic() - started < START_FAILS_WITHIN_S
+    for name, (_, stderr) in outcomes.items():
+        assert running[name].returncode == 1, (name, stderr)
+        [line] = stderr.splitlines()  # the reason alone: no traceback, no retry messages
+        assert line.startswith("error: Kafka at ") and "refused SASL authentication as 'esk-app' (SCRAM-SHA-512)" in line, (name, line)
+        assert "invalid credentials" in line and "ESK_KAFKA__SASL_PLAIN_PASSWORD" in line, (name, line)
+
+
+def test_an_untrusted_certificate_stops_topics_init_with_one_line(
+    secured_settings: Settings, certificates: Certificates, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in security_environment(secured_settings).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("ESK_KAFKA__SSL_CAFILE", str(certificates.stranger_ca))
+    monkeypatch.setenv("COLUMNS", "250")
+    result = CliRunner().invoke(cli, ["topics", "init"])
+    assert result.exit_code == 1
+    assert result.output.strip() == (
+        f"error: Kafka at {secured_settings.bootstrap_servers}: its TLS certificate is not trusted (self-signed certificate); "
+        "ESK_KAFKA__SSL_CAFILE names the CA certificates to trust (PEM)"
+    )
