@@ -329,7 +329,7 @@ class Subscribers:
         registry = load_registry(self.settings.domain)
         operations = [SubscriptionOperations(self.settings, subscriptions[name], registry) for name in self.NAMES]
         try:
-            await subscriptions_crash.wait_until_caught_up(operations)
+            await subscriptions_crash.wait_until_settled(self.settings, operations)
         except TimeoutError:
             return None
         verdict = await subscriptions_crash.verify(self.settings, self.api_url, self.ledger_path, self.funded, operations)
@@ -448,6 +448,9 @@ async def run(kafka: KafkaCluster, workdir: Path, schedule: KillSchedule, worklo
         sampling_stop.set()
         await asyncio.gather(*sampling)
 
+        # The saga's commands settle first: the topics' check reads the outcomes, then the
+        # events, and a withdrawal handled in between would look like a mismatch.
+        subscriptions = await subscribers.verify() if subscribers is not None else None
         verdict = ClusterKillVerdict(await verify(settings, api.url, load.acknowledged, retried=load.retried))
         verdict.broker_kills = len(kills)
         verdict.broker_restarts_failed = sum(k.restart_s is None for k in kills)
@@ -473,7 +476,7 @@ async def run(kafka: KafkaCluster, workdir: Path, schedule: KillSchedule, worklo
         verdict.notes += _notes(load, kills, processor, api)
         verdict.notes += verdict.topics.notes
         if subscribers is not None:
-            verdict.subscriptions = await subscribers.verify()
+            verdict.subscriptions = subscriptions
             verdict.subscribers_not_caught_up = int(verdict.subscriptions is None)
             verdict.subscriber_exits = subscribers.exits
             verdict.notes.append(f"orders not acknowledged (never retried): {dict(subscribers.load.refused)}")

@@ -43,6 +43,7 @@ from esk.subscriptions.operations import SubscriptionOperations, SubscriptionSta
 SUBSCRIPTIONS = ("customer_ledger", "payments")
 CEILING = "read_committed consume of the events (ceiling)"
 PAY_FROM_SHARE = 0.25
+CEILING_RUNS = 5
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ class W6Sizes:
     lag_s: float
 
 
-QUICK = W6Sizes(events=30_000, lag_rate=FIXED_RATE, lag_s=20)
+QUICK = W6Sizes(events=100_000, lag_rate=FIXED_RATE, lag_s=20)
 FULL = W6Sizes(events=300_000, lag_rate=FIXED_RATE, lag_s=60)
 
 
@@ -78,8 +79,11 @@ async def measure(base: Settings, workdir: Path, sizes: W6Sizes, budget_mb: int,
         await drain(settings, processor, f"{settings.app}.processor", names.commands, settings.topics.partitions, 3600)
         processor.stop()
         events_topic = names.events("orders")
-        seconds = await ceilings.aiokafka_consume(settings, events_topic, sizes.events, isolation_level="read_committed")
-        report.add("W6", CEILING, sizes.events / seconds, "events/s", f"{sizes.events:,} order events")
+        # a read over in a second or two: the median of a few is steadier than one
+        runs = sorted([await ceilings.aiokafka_consume(settings, events_topic, sizes.events, isolation_level="read_committed")
+                       for _ in range(CEILING_RUNS)])
+        report.add("W6", CEILING, sizes.events / runs[len(runs) // 2], "events/s",
+                   f"{sizes.events:,} order events, the median of {CEILING_RUNS} reads")
         for name in SUBSCRIPTIONS:
             subscriber = cluster.subscriber(name, name, data_dir)
             rate = await _catch_up(subscriber, operations[name], events_topic, sizes.events)

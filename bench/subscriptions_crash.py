@@ -44,6 +44,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.cluster import Cluster, api_ready, run_harness, scratch_broker, scratch_settings, wait_until
+from bench.workload import committed_lag
 from esk.kafka.reader import read_committed
 from esk.kafka.topics import TopicNames, ensure_topics, topic_specs
 from esk.registry import load_registry
@@ -169,16 +170,18 @@ async def wait_for_outcomes(settings: Settings, acknowledged: set[str], timeout_
         await asyncio.sleep(1)
 
 
-async def wait_until_caught_up(operations: list[SubscriptionOperations], timeout_s: float = 120) -> None:
-    """Both subscriptions caught up, twice in a row (the saga's own commands add events and
-    outcomes after it caught up once)."""
+async def wait_until_settled(settings: Settings, operations: list[SubscriptionOperations], timeout_s: float = 120) -> None:
+    """Nothing left in flight: the processor has handled every command (the saga's too) and
+    both subscriptions have caught up, twice in a row a second apart (a command the saga
+    sends after it caught up once makes events and outcomes it reads again)."""
     deadline = time.monotonic() + timeout_s
     streak = 0
     while streak < 2:
         statuses = [await o.status() for o in operations]
-        streak = streak + 1 if all(s.caught_up for s in statuses) else 0
+        commands = await committed_lag(settings, f"{settings.app}.processor", TopicNames(settings.app).commands)
+        streak = streak + 1 if commands == 0 and all(s.caught_up for s in statuses) else 0
         if time.monotonic() > deadline:
-            raise TimeoutError(f"subscriptions not caught up: {[(s.name, s.lag) for s in statuses]}")
+            raise TimeoutError(f"not settled: commands lag {commands}, subscriptions {[(s.name, s.lag) for s in statuses]}")
         await asyncio.sleep(1)
 
 
@@ -289,7 +292,7 @@ async def run(
             console.print(f"refused by the API (never acknowledged): {dict(load.refused)}")
         await wait_for_outcomes(settings, load.acknowledged)
         operations = [SubscriptionOperations(settings, subscriptions[s.name], registry) for s in subscribers]
-        await wait_until_caught_up(operations)
+        await wait_until_settled(settings, operations)
         verdict = await verify(settings, api_url, data_dir / "customer_ledger.sqlite", funded, operations)
         verdict.acknowledged = len(load.acknowledged)
         verdict.subscriber_starts = sum(s.starts for s in subscribers)
