@@ -85,7 +85,7 @@ run: setup
 test: setup tools-node tools-postgres tools-kubeconform tools-promtool
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
-	$(PY) -m pytest -p no:cacheprovider
+	$(PY) -m pytest -p no:cacheprovider --durations=30
 
 BENCH_STAMP := $(VENV)/.esk-bench-installed
 $(BENCH_STAMP): pyproject.toml $(VENV_STAMP)
