@@ -215,17 +215,20 @@ def dev() -> None:
 
 @project_cli.command("list")
 def project_list() -> None:
-    """The read models, what they read, and the generation readers use."""
+    """The read models, what they read, the generation readers use, and how far it has read."""
     from rich.table import Table
 
     from .projections.catalog import Tables
+    from .projections.positions import Position, read_model_positions
 
     settings = load_settings()
     tables = Tables(settings.projections.warehouse_dir)
-    table = Table("name", "reads", "description", "current table")
+    table = Table("name", "reads", "description", "current table", "reflects (topic/partition/offset)")
     for model in (p.model for p in read_models(settings).values()):
         path = tables.current_path(model.name)
-        table.add_row(model.name, ", ".join(model.categories), model.description, str(path) if path else "not built yet")
+        positions = read_model_positions(tables, model.name) or {}
+        reflects = " ".join(Position(t, p, o).token() for (t, p), o in sorted(positions.items()))
+        table.add_row(model.name, ", ".join(model.categories), model.description, str(path) if path else "not built yet", reflects)
     console.print(table)
 
 

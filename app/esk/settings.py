@@ -111,6 +111,11 @@ class ApiSettings(BaseModel):
     state_dir: Path = DATA_ROOT / "state" / "api"
     outcome_timeout_s: float = 10.0
     min_version_timeout_s: float = 5.0
+    # An accepted command's answer carries its events' position (read-your-writes); given up
+    # after this long (a broker away), the answer goes out without one.
+    position_timeout_s: float = 1.0
+    # How long a read of a read model may wait for the positions it is given (`after`).
+    read_wait_max_s: float = 30.0
     max_body_bytes: int = 64 * 1024
     retry_after_s: int = 1
     # Bearer tokens allowed to call the API; empty = auth off.

@@ -8,6 +8,7 @@ import uuid
 import httpx
 import pytest
 
+from esk.kafka.reader import read_committed
 from esk.kafka.topics import TopicNames
 from esk.registry import load_registry
 from esk.settings import Settings
@@ -58,6 +59,27 @@ async def test_the_newcomer_walkthrough(settings: Settings) -> None:
 
         events = [v for k, v, _ in await read_topic(settings, events_topic(settings, "accounts")) if k == account.encode()]
         assert [(e["type"], e["version"]) for e in events] == [("Opened", 1), ("Deposited", 2)]
+
+
+async def test_an_accepted_answer_tells_where_its_events_are(settings: Settings) -> None:
+    """Read-your-writes: every event of the command lies below the answer's position, on the
+    aggregate's events partition; a retry answers with a position too."""
+    async with system(settings) as s:
+        account = new_id()
+        await open_account(s.client, account)
+        r = await s.client.post(f"/v1/accounts/{account}/deposit", json={"amount": 7}, headers={"Idempotency-Key": f"d-{account}"})
+        assert r.status_code == 200, r.text
+        position = r.json()["position"]
+        assert position["topic"] == events_topic(settings, "accounts") and r.headers["esk-position"] == position["token"]
+        mine = [rec for rec in await read_committed(settings, position["topic"]) if rec.key == account.encode()]
+        assert len(mine) == 2 and {rec.partition for rec in mine} == {position["partition"]}
+        assert max(rec.offset for rec in mine) < position["offset"]
+
+        again = await s.client.post(f"/v1/accounts/{account}/deposit", json={"amount": 7}, headers={"Idempotency-Key": f"d-{account}"})
+        assert again.json()["version"] == 2 and again.json()["position"]["offset"] >= position["offset"]
+
+        r = await s.client.post(f"/v1/accounts/{account}/withdraw", json={"amount": 500})
+        assert r.status_code == 422 and "position" not in r.json() and "esk-position" not in r.headers
 
 
 async def test_creating_twice(settings: Settings) -> None:

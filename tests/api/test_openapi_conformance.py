@@ -32,7 +32,10 @@ TOKEN = "conformance-token"
 
 def conformance_settings(settings: Settings, auth: bool) -> Settings:
     # A min_version that is not reached waits this long before its 503: the run asks for many.
-    api = settings.api.model_copy(update={"min_version_timeout_s": 0.2, "auth_tokens": [TOKEN] if auth else []})
+    # short waits: a generated read may ask for positions no read model reaches
+    api = settings.api.model_copy(
+        update={"min_version_timeout_s": 0.2, "read_wait_max_s": 0.2, "auth_tokens": [TOKEN] if auth else []}
+    )
     return settings.model_copy(update={"api": api})
 
 

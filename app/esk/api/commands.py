@@ -29,9 +29,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..domain.aggregate import ALREADY_EXISTS, NOT_FOUND, AggregateType
 from ..metrics import HTTP_OUTCOME_TIMEOUTS
+from ..projections.positions import Position
 from ..protocol import STATE_UNUSABLE, CommandEnvelope, Outcome, Status
 from ..settings import Settings
 from .gateway import CommandGateway
+from .positions import EventPositions
 from .problems import Problem
 from .replica import StateReplica
 from .tracing import ROUTE_KEY
@@ -110,12 +112,16 @@ def json_response(body: Any, status: int = 200, headers: dict[str, str] | None =
     return Response(orjson.dumps(body), status_code=status, headers=headers, media_type="application/json")
 
 
+POSITION_HEADER = "Esk-Position"
+
+
 def etag(version: int) -> dict[str, str]:
     return {"ETag": f'"{version}"'}
 
 
-def outcome_response(outcome: Outcome) -> Response:
-    """The HTTP answer to a command's outcome, the same wherever it is asked for."""
+def outcome_response(outcome: Outcome, position: Position | None = None) -> Response:
+    """The HTTP answer to a command's outcome, the same wherever it is asked for; an accepted
+    one with the position of its events when it is known (read-your-writes)."""
     if outcome.status is Status.ACCEPTED:
         body = {
             "command_id": outcome.command_id,
@@ -123,8 +129,10 @@ def outcome_response(outcome: Outcome) -> Response:
             "id": outcome.aggregate_id,
             "version": outcome.version,
             "events": outcome.events,
+            "position": None if position is None else position.as_json(),
         }
-        return json_response(body, 200, etag(outcome.version))
+        headers = etag(outcome.version) | ({} if position is None else {POSITION_HEADER: position.token()})
+        return json_response(body, 200, headers)
     extra = {"command_id": outcome.command_id, "current_version": outcome.version}
     headers = etag(outcome.version) if outcome.version > 0 else {}
     if outcome.status is Status.PRECONDITION_FAILED:
@@ -137,10 +145,11 @@ class CommandIntake:
     """Takes commands in for one API instance; remembers the ones still waiting for their
     outcome, so that GET /v1/commands/{id} can answer 202 for them."""
 
-    def __init__(self, settings: Settings, gateway: CommandGateway, replica: StateReplica) -> None:
+    def __init__(self, settings: Settings, gateway: CommandGateway, replica: StateReplica, positions: EventPositions) -> None:
         self.settings = settings
         self.gateway = gateway
         self.replica = replica
+        self.positions = positions
         self.pending: set[str] = set()
 
     async def submit(
@@ -167,7 +176,7 @@ class CommandIntake:
         # A retry whose outcome is known already is answered without touching Kafka.
         known = self.replica.outcome(command_id)
         if known is not None:
-            return outcome_response(known)
+            return outcome_response(known, await self.positions.of(known))
         envelope = CommandEnvelope(
             command_id=command_id,
             aggregate_type=aggregate_type.name,
@@ -205,7 +214,7 @@ class CommandIntake:
                 {"Retry-After": str(api.retry_after_s), "Location": location},
                 command_id=command_id,
             )
-        return outcome_response(outcome)
+        return outcome_response(outcome, await self.positions.of(outcome))
 
 
 class CommandEndpoint:

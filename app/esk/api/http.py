@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from fastapi import APIRouter, FastAPI, Request
@@ -20,6 +20,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
+from ..kafka.topics import TopicNames
+from ..projections.positions import Position, Positions, unreflected
+from ..projections.positions import as_json as positions_json
 from ..projections.reader import BadFilter, ReadModelNotBuilt, ReadModelNotFound, ReadModelRows
 from ..protocol import StoredAggregate
 from ..registry import Registry
@@ -28,10 +31,15 @@ from ..settings import Settings
 from .auth import BearerAuth
 from .commands import AGGREGATE_ID, CommandEndpoint, CommandIntake, CommandRoutes, etag, json_response, outcome_response
 from .gateway import CommandGateway
-from .openapi import document
+from .openapi import READ_PARAMETERS, document
+from .positions import EventPositions
 from .problems import Problem
 from .replica import StateReplica
 from .tracing import TracingMiddleware
+
+T = TypeVar("T")
+READ_WAIT_DEFAULT_S = 5.0  # with `after` and no `wait_ms`
+READ_WAIT_POLL_S = 0.1
 
 
 def _fastapi_telemetry(settings: Settings) -> dict[str, Any]:
@@ -46,17 +54,21 @@ def _fastapi_telemetry(settings: Settings) -> dict[str, Any]:
 
 def create_app(settings: Settings, registry: Registry) -> FastAPI:
     gateway = CommandGateway(settings)
+    names = TopicNames(settings.app)
     read_models = ReadModelRows(settings)
     replica = StateReplica(settings)
-    intake = CommandIntake(settings, gateway, replica)
+    positions = EventPositions(settings)
+    intake = CommandIntake(settings, gateway, replica, positions)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         await replica.start()
         await gateway.start()
+        await positions.start()
         try:
             yield
         finally:
+            await positions.stop()
             await gateway.stop()
             await replica.stop()
 
@@ -108,13 +120,43 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
         raise Problem(404, "unknown_command_id", "no outcome for this command (unknown, expired, or not processed yet)")
 
     @router.get("/v1/projections/{name}")
-    async def get_projection(name: str, request: Request, limit: int | None = None) -> Response:
+    async def get_projection(name: str, request: Request, limit: int | None = None, wait_ms: int | None = None) -> Response:
         if limit is not None and limit < 1:
             raise Problem(400, "invalid_limit", "limit must be >= 1")
-        filters = {k: v for k, v in request.query_params.items() if k != "limit"}
+        if wait_ms is not None and wait_ms < 0:
+            raise Problem(400, "invalid_wait", "wait_ms must be >= 0")
+        filters = {k: v for k, v in request.query_params.items() if k not in READ_PARAMETERS}
         row_limit = min(limit or settings.projections.api_row_limit, settings.projections.api_row_limit)
+        positions = await _reflecting(name, request.query_params.getlist("after"), wait_ms)
         rows = await _read_model(name, filters, row_limit)
-        return json_response({"name": name, "rows": rows, "count": len(rows)})
+        return json_response({"name": name, "rows": rows, "count": len(rows), "positions": positions_json(positions)})
+
+    async def _reflecting(name: str, tokens: list[str], wait_ms: int | None) -> Positions:
+        """The read model's positions, once they reach every position in `tokens` (a
+        command's answer gave them), waiting at most `wait_ms`."""
+        try:
+            wanted = [Position.parse(token) for token in tokens]
+        except ValueError as error:
+            raise Problem(400, "invalid_position", str(error)) from None
+        read = await _guarded(name, lambda: read_models.model(name))
+        topics = {names.events(category) for category in read.categories}
+        foreign = [p.token() for p in wanted if p.topic not in topics]
+        if foreign:
+            raise Problem(400, "invalid_position", f"{name} does not read {', '.join(foreign)}; it reads {', '.join(sorted(topics))}")
+        default_wait_s = READ_WAIT_DEFAULT_S if wanted else 0.0
+        wait_s = min(default_wait_s if wait_ms is None else wait_ms / 1000, settings.api.read_wait_max_s)
+        deadline = asyncio.get_running_loop().time() + wait_s
+        while True:
+            positions = await _guarded(name, lambda: read_models.positions(name))
+            missing = unreflected(positions, wanted)
+            if not missing:
+                return positions
+            if asyncio.get_running_loop().time() >= deadline:
+                raise Problem(
+                    503, "not_caught_up", f"{name} has not read up to {', '.join(p.token() for p in missing)} yet",
+                    {"Retry-After": "1"}, positions=positions_json(positions),
+                )
+            await asyncio.sleep(READ_WAIT_POLL_S)
 
     @router.get("/v1/{type_name}/{id}/events")
     async def get_history(type_name: str, id: str) -> Response:
@@ -132,8 +174,12 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
         return json_response({"type": type_name, "id": id, "events": events})
 
     async def _read_model(name: str, filters: dict[str, str], limit: int) -> list[dict[str, Any]]:
+        return await _guarded(name, lambda: read_models.read(name, filters, limit))
+
+    async def _guarded(name: str, read: Callable[[], T]) -> T:
+        """`read` of the read models, with what can go wrong as the problems of the API."""
         try:
-            return await asyncio.to_thread(read_models.read, name, filters, limit)
+            return await asyncio.to_thread(read)
         except ImportError:  # delta-rs, or the user's read models' own imports
             raise Problem(503, "projections_unavailable", "install esk with the spark extra to serve read models") from None
         except ReadModelNotFound:

@@ -19,14 +19,18 @@ from fastapi import FastAPI
 from pydantic import BaseModel
 
 from ..domain.aggregate import AggregateType, Event
+from ..kafka.topics import TopicNames
 from ..projections.catalog import Projection, configured_read_models
 from ..protocol import STATE_UNUSABLE, Status
 from ..registry import Registry
 from ..settings import Settings
-from .commands import AGGREGATE_ID, COMMAND_ID, VERSION_TAG_PATTERN, command_url
+from .commands import AGGREGATE_ID, COMMAND_ID, POSITION_HEADER, VERSION_TAG_PATTERN, command_url
 from .problems import FIELD_ERROR_SCHEMA, PROBLEM_JSON, PROBLEM_SCHEMA
 
 log = logging.getLogger(__name__)
+
+# Query parameters of a read model's rows that are not filters on its columns.
+READ_PARAMETERS = frozenset({"limit", "after", "wait_ms"})
 
 Schema = dict[str, Any]
 JSON = "application/json"
@@ -92,10 +96,11 @@ def _problem(description: str, *codes: str, headers: Schema | None = None) -> Sc
     return _answer(description, schema, PROBLEM_JSON, headers)
 
 
-def _unusable_read_models() -> Schema:
+def _unusable_read_models(*more_codes: str) -> Schema:
+    waited = ", has not reached the positions asked for in time (not_caught_up)" if "not_caught_up" in more_codes else ""
     return _problem(
-        "The read model is not built yet (run `esk project run <name>`), or read models cannot be served here",
-        "projection_not_built", "projections_unavailable", "read_models_misconfigured",
+        f"The read model is not built yet (run `esk project run <name>`){waited}, or read models cannot be served here",
+        "projection_not_built", "projections_unavailable", "read_models_misconfigured", *more_codes,
         headers={"Retry-After": _retry_after(required=False)},
     )
 
@@ -162,7 +167,18 @@ def _components() -> Schema:
             "id": _string(),
             "version": _count(1),
             "events": {"type": "array", "items": _ref("RecordedEvent")},
+            "position": {
+                "oneOf": [_ref("Position"), {"type": "null"}],
+                "description": "Where its events are: a read of a read model given it (`after`) reflects this command; "
+                "null when it could not be told in time",
+            },
         }, "The command was accepted: the aggregate's new version and the events it emitted"),
+        "Position": _object({
+            "topic": _string(),
+            "partition": _count(),
+            "offset": _count(),
+            "token": {"type": "string", "description": "`<topic>/<partition>/<offset>`, for `after`"},
+        }, "A position in an events topic: every event of the command lies below `offset` on that partition"),
         "CommandPending": _object({"command_id": _string(), "status": {"type": "string", "enum": ["pending"]}}),
         "CommandOutcome": _object({
             "command_id": _string(),
@@ -261,7 +277,10 @@ def _command_operation(aggregate_type: AggregateType[Any], name: str, model: typ
             "content": {JSON: {"schema": _ref(_schema_name(aggregate_type, model))}},
         },
         "responses": {
-            "200": _answer("Accepted: the new version and the events", accepted, headers={"ETag": _etag()}) | {"links": follow_ups},
+            "200": _answer(
+                "Accepted: the new version and the events", accepted,
+                headers={"ETag": _etag(), POSITION_HEADER: _header("The position's token, when it is known", {"type": "string"}, False)},
+            ) | {"links": follow_ups},
             "202": _answer(
                 "Stored; its outcome will be at the Location (Prefer: respond-async)", _ref("CommandPending"),
                 headers={
@@ -439,16 +458,23 @@ def _row_value(type_name: str) -> Schema:
     return value
 
 
-def _projection_operation(projection: Projection, row_limit: int) -> Schema:
+def _projection_operation(projection: Projection, row_limit: int, topics: TopicNames) -> Schema:
     model = projection.model
+    # a position on a topic the read model does not read is refused, so the document says which
+    reads = "|".join(re.escape(topics.events(category)) for category in model.categories)
     columns = _columns(projection.columns)
     filters = [
         _parameter(name, "query", _FILTERS[type_name], f"Rows whose {name} equals this")
         for name, type_name in columns
-        if type_name in _FILTERS and name != "limit"
+        if type_name in _FILTERS and name not in READ_PARAMETERS
     ]
     row = {"type": "object", "properties": {name: _row_value(type_name) for name, type_name in columns}}
-    rows = _object({"name": {"type": "string", "enum": [model.name]}, "rows": {"type": "array", "items": row}, "count": _count()})
+    rows = _object({
+        "name": {"type": "string", "enum": [model.name]},
+        "rows": {"type": "array", "items": row},
+        "count": _count(),
+        "positions": {"type": "array", "items": _ref("Position"), "description": "What the rows reflect"},
+    })
     order = f", ordered by {', '.join(model.order_by)}" if model.order_by else ""
     return {
         "tags": ["read models"],
@@ -457,13 +483,19 @@ def _projection_operation(projection: Projection, row_limit: int) -> Schema:
         "operationId": f"read_model_{model.name}",
         "parameters": [
             _parameter("limit", "query", _example(_count(1), 100), f"At most this many rows (never more than {row_limit})"),
+            _parameter(
+                "after", "query", {"type": "array", "items": {"type": "string", "pattern": rf"^({reads})/\d+/\d+$"}},
+                "Positions (a command answer's `position.token`) the rows must reflect; the read waits for them",
+            ),
+            _parameter("wait_ms", "query", _count(), "How long to wait for `after` (default 5000, at most the API's bound)"),
             *filters,
         ],
         "responses": {
             "200": _answer("The rows", rows),
-            "400": _problem("An invalid filter value or limit", "invalid_filter", "invalid_limit"),
-            "422": _problem("limit is not an integer", "invalid_request"),
-            "503": _unusable_read_models(),
+            "400": _problem("An invalid filter value, limit, wait or position", "invalid_filter", "invalid_limit", "invalid_wait",
+                            "invalid_position"),
+            "422": _problem("limit or wait_ms is not an integer", "invalid_request"),
+            "503": _unusable_read_models("not_caught_up"),
         },
     }
 
@@ -508,7 +540,7 @@ def document(app: FastAPI, settings: Settings, registry: Registry) -> None:
         paths["/v1/commands/{command_id}"] = {"get": _outcome_operation()}
         row_limit = settings.projections.api_row_limit
         for projection in _read_models(settings):
-            paths[f"/v1/projections/{projection.model.name}"] = {"get": _projection_operation(projection, row_limit)}
+            paths[f"/v1/projections/{projection.model.name}"] = {"get": _projection_operation(projection, row_limit, TopicNames(settings.app))}
         paths["/v1/{type_name}/{id}"] = {"get": _aggregate_operation(registry)}
         paths["/v1/{type_name}/{id}/events"] = {"get": _history_operation(registry)}
         paths |= _operations_paths()

@@ -7,6 +7,7 @@ from typing import Any
 
 from ..settings import Settings
 from .catalog import ReadModel, Tables, configured_read_models
+from .positions import Positions, read_model_positions
 
 
 class ReadModelNotFound(LookupError):
@@ -39,6 +40,14 @@ class ReadModelRows:
 
     def read(self, name: str, filters: dict[str, str], limit: int) -> list[dict[str, Any]]:
         return read_rows(self.tables, self.model(name), filters, limit)
+
+    def positions(self, name: str) -> Positions:
+        """What the read model's current table reflects (see projections.positions)."""
+        self.model(name)
+        positions = read_model_positions(self.tables, name)
+        if positions is None:
+            raise ReadModelNotBuilt(name)
+        return positions
 
 
 def read_rows(tables: Tables, model: ReadModel, filters: dict[str, str], limit: int) -> list[dict[str, Any]]:

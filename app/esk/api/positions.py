@@ -1,0 +1,86 @@
+"""EventPositions: where an accepted command's events are, for its answer (read-your-writes).
+
+The position is the last stable offset of the aggregate's events partition, looked up once
+the outcome is in (the command's transaction has committed, so every event of it lies
+below). Answers waiting at the same moment share one ListOffsets request, so the cost is
+one round trip to the broker per answer at most, not a request each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from ..kafka.metadata import topic_partitions
+from ..kafka.partitioner import partition_for
+from ..kafka.reader import committed_reader
+from ..kafka.topics import TopicNames
+from ..projections.positions import Position
+from ..protocol import Outcome
+from ..settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class EventPositions:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.topics = TopicNames(settings.app)
+        self.timeout_s = settings.api.position_timeout_s
+        self._consumer: AIOKafkaConsumer | None = None
+        self._waiting: dict[TopicPartition, list[asyncio.Future[int]]] = {}
+        self._lookup: asyncio.Task[None] | None = None
+        self._partitions: dict[str, int] = {}  # of each events topic
+
+    async def start(self) -> None:
+        self._consumer = committed_reader(self.settings, client_id=f"{self.settings.app}.api.positions")
+        await self._consumer.start()
+
+    async def stop(self) -> None:
+        if self._lookup is not None:
+            self._lookup.cancel()
+        if self._consumer is not None:
+            await self._consumer.stop()
+
+    async def of(self, outcome: Outcome) -> Position | None:
+        """The position below which `outcome`'s events lie; None when it cannot be told in
+        time (a broker away): the answer goes out without it rather than late."""
+        if not outcome.events:
+            return None
+        try:
+            return await asyncio.wait_for(self._position(outcome), self.timeout_s)
+        except Exception as error:  # the command is done: its answer must not fail for this
+            log.debug("no position for %s: %r", outcome.command_id, error)
+            return None
+
+    async def _position(self, outcome: Outcome) -> Position:
+        assert self._consumer is not None, "EventPositions.start() was not awaited"
+        topic = self.topics.events(outcome.aggregate_type)
+        if topic not in self._partitions:
+            self._partitions[topic] = len(await topic_partitions(self.settings, topic))
+        tp = TopicPartition(topic, partition_for(outcome.aggregate_id.encode(), self._partitions[topic]))
+        waiter: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault(tp, []).append(waiter)
+        if self._lookup is None or self._lookup.done():
+            self._lookup = asyncio.create_task(self._look_up())
+        return Position(tp.topic, tp.partition, await waiter)
+
+    async def _look_up(self) -> None:
+        """Answer everyone waiting, round after round, until nobody is."""
+        assert self._consumer is not None
+        while self._waiting:
+            waiting, self._waiting = self._waiting, {}
+            try:
+                ends = await self._consumer.end_offsets(list(waiting))
+            except Exception as error:
+                for waiters in waiting.values():
+                    for waiter in waiters:
+                        if not waiter.done():
+                            waiter.set_exception(error)
+                continue
+            for tp, waiters in waiting.items():
+                for waiter in waiters:
+                    if not waiter.done():
+                        waiter.set_result(ends[tp])
