@@ -64,3 +64,7 @@ def forget_partitions(numbers: Iterable[int]) -> None:
         ):
             with contextlib.suppress(KeyError):  # never reported
                 gauge.remove(*labels)
+READ_MODEL_POSITION = Gauge(
+    "esk_read_model_position", "The offset up to which a read model's current table reflects an events partition (read-your-writes)",
+    ["read_model", "topic", "partition"],
+)

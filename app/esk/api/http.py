@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
@@ -21,6 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
 from ..kafka.topics import TopicNames
+from ..metrics import READ_MODEL_POSITION
 from ..projections.positions import Position, Positions, unreflected
 from ..projections.positions import as_json as positions_json
 from ..projections.reader import BadFilter, ReadModelNotBuilt, ReadModelNotFound, ReadModelRows
@@ -37,6 +39,7 @@ from .problems import Problem
 from .replica import StateReplica
 from .tracing import TracingMiddleware
 
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 READ_WAIT_DEFAULT_S = 5.0  # with `after` and no `wait_ms`
 READ_WAIT_POLL_S = 0.1
@@ -239,7 +242,23 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
 
     @router.get("/metrics")
     async def metrics() -> Response:
+        await asyncio.to_thread(_read_model_positions)
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+    def _read_model_positions() -> None:
+        """How far each read model has read, as of this scrape (from its checkpoint's files)."""
+        try:
+            names = read_models.names()
+        except Exception as error:  # read models not servable here: /v1/projections says why
+            log.debug("read model positions left out of /metrics: %r", error)
+            return
+        for name in names:
+            try:
+                positions = read_models.positions(name)
+            except ReadModelNotBuilt:
+                continue
+            for (topic, partition), offset in positions.items():
+                READ_MODEL_POSITION.labels(name, topic, str(partition)).set(offset)
 
     asyncapi = asyncapi_document(settings, registry)  # fixed for the process, like the registry
 

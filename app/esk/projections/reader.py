@@ -31,12 +31,18 @@ class ReadModelRows:
         self._models: dict[str, ReadModel] | None = None
 
     def model(self, name: str) -> ReadModel:
-        if self._models is None:
-            self._models = {n: p.model for n, p in configured_read_models(self.settings).items()}
         try:
-            return self._models[name]
+            return self._loaded()[name]
         except KeyError:
             raise ReadModelNotFound(name) from None
+
+    def names(self) -> list[str]:
+        return sorted(self._loaded())
+
+    def _loaded(self) -> dict[str, ReadModel]:
+        if self._models is None:
+            self._models = {n: p.model for n, p in configured_read_models(self.settings).items()}
+        return self._models
 
     def read(self, name: str, filters: dict[str, str], limit: int) -> list[dict[str, Any]]:
         return read_rows(self.tables, self.model(name), filters, limit)
