@@ -1,0 +1,71 @@
+"""Read-your-writes against the real broker, processor, API and a Spark read model: a read
+given a command answer's position waits until the read model reflects that command, and
+says so when it does not in time."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pyspark = pytest.importorskip("pyspark")
+
+from pyspark.sql import SparkSession  # noqa: E402
+
+from esk.projections.runner import run  # noqa: E402
+from esk.projections.session import spark_session  # noqa: E402
+from esk.settings import Settings  # noqa: E402
+from projections.read_models import READ_MODELS  # noqa: E402
+from tests.system import system  # noqa: E402
+
+pytestmark = [pytest.mark.kafka, pytest.mark.spark]
+
+BALANCES = {p.model.name: p for p in READ_MODELS}["account_balances"]
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[SparkSession]:
+    session = spark_session(Settings(_env_file=None), "esk-tests-read-your-writes")
+    yield session
+    session.stop()
+
+
+async def test_a_read_after_a_commands_position_shows_that_command(settings: Settings, spark: SparkSession, tmp_path: Path) -> None:
+    settings = settings.model_copy(
+        update={
+            "projections": settings.projections.model_copy(update={"warehouse_dir": tmp_path / "warehouse"}),
+            "api": settings.api.model_copy(update={"read_wait_max_s": 120}),  # a Spark run on a busy machine
+        }
+    )
+    url = f"/v1/projections/{BALANCES.model.name}"
+    async with system(settings) as s:
+        opened = await s.client.post("/v1/accounts/ryw-1/open", json={"owner": "ada"})
+        assert opened.status_code == 200, opened.text
+        await asyncio.to_thread(run, settings, BALANCES, spark=spark)
+        r = await s.client.get(url, params={"account_id": "ryw-1", "after": opened.json()["position"]["token"]})
+        assert r.status_code == 200, r.text
+        assert [row["balance"] for row in r.json()["rows"]] == [0]
+
+        deposited = await s.client.post("/v1/accounts/ryw-1/deposit", json={"amount": 40})
+        token = deposited.json()["position"]["token"]
+        # nothing projects meanwhile: not reflected in time, and the answer says how far it got
+        r = await s.client.get(url, params={"account_id": "ryw-1", "after": token, "wait_ms": 300})
+        assert r.status_code == 503 and r.json()["code"] == "not_caught_up", r.text
+        assert r.json()["positions"] and r.headers["retry-after"] == "1"
+        # without `after` the same read answers at once, with the rows as they are
+        r = await s.client.get(url, params={"account_id": "ryw-1"})
+        assert [row["balance"] for row in r.json()["rows"]] == [0]
+
+        # a read that waits while the read model catches up answers once it has
+        waiting = asyncio.create_task(s.client.get(url, params={"account_id": "ryw-1", "after": token, "wait_ms": 120_000}, timeout=150))
+        await asyncio.sleep(0.5)
+        assert not waiting.done()
+        await asyncio.to_thread(run, settings, BALANCES, spark=spark)
+        r = await asyncio.wait_for(waiting, 30)
+        assert r.status_code == 200, r.text
+        assert [row["balance"] for row in r.json()["rows"]] == [40]
+        reflected = {(p["topic"], p["partition"]): p["offset"] for p in r.json()["positions"]}
+        position = deposited.json()["position"]
+        assert reflected[position["topic"], position["partition"]] >= position["offset"]
