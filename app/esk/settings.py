@@ -112,7 +112,7 @@ class ApiSettings(BaseModel):
     outcome_timeout_s: float = 10.0
     min_version_timeout_s: float = 5.0
     # An accepted command's answer carries its events' position (read-your-writes); given up
-    # after this long (a broker away), the answer goes out without one.
+    # after this long (a broker away), the answer goes out without one; 0: never looked up.
     position_timeout_s: float = 1.0
     # How long a read of a read model may wait for the positions it is given (`after`).
     read_wait_max_s: float = 30.0
