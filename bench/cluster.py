@@ -4,6 +4,7 @@ and fresh applications (their own topics) on a running broker."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import functools
 import os
@@ -158,11 +159,11 @@ class Cluster:
         )
         return self._add(EskProcess("subscriber", name, env, self.workdir / f"{name}.log", port, (subscription,)))
 
-    def projection(self, name: str, read_model: str, **settings: str) -> EskProcess:
-        """`esk project run READ_MODEL --continuous`. Stopping it (SIGTERM) is safe: every
+    def projection(self, name: str, read_model: str, continuous: bool = True, **settings: str) -> EskProcess:
+        """`esk project run READ_MODEL [--continuous]`. Stopping it (SIGTERM) is safe: every
         batch's Delta writes are idempotent and the next run goes on from the checkpoint."""
         env = self._env(settings)
-        args = ("run", read_model, "--continuous")
+        args = ("run", read_model, *(("--continuous",) if continuous else ()))
         return self._add(EskProcess("project", name, env, self.workdir / f"{name}.log", 0, args))
 
     def _add(self, process: EskProcess) -> EskProcess:
@@ -224,6 +225,15 @@ def scratch_settings(broker: EmbeddedBroker, app_prefix: str, partitions: int) -
 
 
 T = TypeVar("T")
+
+
+def workload_arguments(description: str | None) -> argparse.Namespace:
+    """The options of one workload run on its own (`python -m bench.<workload>`)."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="the sizes of bench-quick")
+    parser.add_argument("--partitions", type=int, default=6)
+    parser.add_argument("--budget-mb", type=int, default=128)
+    return parser.parse_args()
 
 
 def run_harness(main: Coroutine[Any, Any, T]) -> T:

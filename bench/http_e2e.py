@@ -11,13 +11,12 @@ how many cores each used, which shows where the ceiling is.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from bench.cluster import Cluster, new_app, run_harness, scratch_broker, scratch_settings
+from bench.cluster import Cluster, new_app, run_harness, scratch_broker, scratch_settings, workload_arguments
 from bench.http_load import LoadSpec, run_load
 from bench.measure import cpu_cores
 from bench.results import Report, console
@@ -96,11 +95,7 @@ async def run(sizes: W2Sizes, partitions: int, budget_mb: int) -> Report:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="the sizes of bench-quick")
-    parser.add_argument("--partitions", type=int, default=6)
-    parser.add_argument("--budget-mb", type=int, default=128)
-    args = parser.parse_args()
+    args = workload_arguments(__doc__)
     run_harness(run(QUICK if args.quick else FULL, args.partitions, args.budget_mb))
 
 

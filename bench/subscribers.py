@@ -20,7 +20,6 @@ up once the load stops.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import tempfile
 import time
@@ -28,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench import ceilings
-from bench.cluster import Cluster, EskProcess, new_app, run_harness, scratch_broker, scratch_settings
+from bench.cluster import Cluster, EskProcess, new_app, run_harness, scratch_broker, scratch_settings, workload_arguments
 from bench.http_e2e import FIXED_RATE
 from bench.http_load import LoadSpec, run_load
 from bench.measure import drain, percentile
@@ -176,11 +175,7 @@ def ratios(report: Report) -> list[tuple[str, float | None, str]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="the sizes of bench-quick")
-    parser.add_argument("--partitions", type=int, default=6)
-    parser.add_argument("--budget-mb", type=int, default=128)
-    args = parser.parse_args()
+    args = workload_arguments(__doc__)
     report = run_harness(run(QUICK if args.quick else FULL, args.partitions, args.budget_mb))
     for name, value, target in ratios(report):
         console.print(f"{name}: {'n/a' if value is None else f'{value:.2f}'}  (target {target})", highlight=False)
