@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 ESK    := $(VENV)/bin/esk
 VENV_STAMP := $(VENV)/.esk-installed
 
-.PHONY: run test setup venv jars tools tools-node tools-postgres tools-kubeconform tools-promtool crash subscriptions-crash cluster-test bench bench-quick clean
+.PHONY: run test setup venv jars tools tools-node tools-postgres tools-kubeconform tools-promtool crash subscriptions-crash cluster-test spark-cluster-test bench bench-quick clean
 
 setup: venv jars
 
@@ -106,6 +106,10 @@ subscriptions-crash: setup
 
 # Brokers of a three-node cluster SIGKILLed and restarted under HTTP load for minutes;
 # tests/cluster runs a short version of it.
+# The read model on a 2-worker Spark standalone cluster, and a batch run again after a crash.
+spark-cluster-test: setup
+	ESK_SPARK_CLUSTER_RERUN=1 $(PY) -m pytest -p no:cacheprovider tests/projections/test_spark_cluster.py
+
 cluster-test: setup
 	$(PY) -m bench.cluster_kill --minutes 5
 

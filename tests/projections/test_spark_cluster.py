@@ -1,10 +1,11 @@
 """A read model on a Spark standalone cluster (a master and two workers on loopback) through
 deploy/spark/submit.sh: the same Delta table as in local mode, built by tasks on both
-workers, and exactly once when Spark runs a batch again."""
+workers, and (`make spark-cluster-test`) exactly once when Spark runs a batch again."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import subprocess
 import sys
@@ -38,6 +39,9 @@ SUBMIT = REPO / "deploy" / "spark" / "submit.sh"
 # executors' Python: the shipped code (esk, domain/, projections/) is imported there.
 NAME = "account_balances"
 PROJECTION = {p.model.name: p for p in READ_MODELS}[NAME]
+# `make spark-cluster-test` also runs a batch again after a crash (another submit: a
+# driver and two executors more, about a minute); `make test` leaves that out.
+RERUN = os.environ.get("ESK_SPARK_CLUSTER_RERUN") == "1"
 MAX_OFFSETS_PER_TRIGGER = 40  # two micro-batches (transaction markers take offsets too), so the merges compose across batches
 
 
@@ -136,8 +140,11 @@ async def test_a_read_model_on_a_two_worker_cluster_equals_local_mode_exactly_on
         assert on_cluster == _rows(local.projections.warehouse_dir)
         assert {"account_id": "legacy", "owner": "old-timer", "balance": 0, "status": "open", "version": 1} in on_cluster
 
+        if not RERUN:
+            return
         # A crash after the last batch's Delta commit, before Spark recorded the batch as
-        # done: on the cluster too, the batch runs again and Delta skips its writes.
+        # done: on the cluster too, the batch runs again and Delta skips its writes (in local
+        # mode tests/projections/test_read_models.py proves the same in every run of the suite).
         tables = Tables(shared.projections.warehouse_dir)
         table_path = tables.current_path(NAME)
         version = DeltaTable(str(table_path)).version()
