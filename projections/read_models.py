@@ -16,6 +16,13 @@ from esk.projections.events import ENVELOPE, ddl, is_event, of, payload
 RECENT_ORDERS = 30
 
 
+def written(merge_metrics: DataFrame) -> int:
+    """The rows a MERGE inserted or updated, from the metrics row it returns (counting the
+    source again would run its whole plan once more)."""
+    row = merge_metrics.first()
+    return 0 if row is None else int(row["num_inserted_rows"]) + int(row["num_updated_rows"])
+
+
 def latest(column: str) -> Column:
     """The value of `column` at the highest version among rows where it is set."""
     return F.max_by(F.col(column), F.when(F.col(column).isNotNull(), F.col("version")))
@@ -39,7 +46,7 @@ def _account_balances(spark: SparkSession, table: DeltaTable, events: DataFrame,
         .groupBy("account_id")
         .agg(F.sum("delta").alias("delta"), F.max("version").alias("version"), F.max("owner").alias("owner"), latest("status").alias("status"))
     )
-    writer.run(
+    metrics = writer.run(
         "merge",
         lambda: table.alias("t")
         .merge(rows.alias("s"), "t.account_id = s.account_id")
@@ -57,7 +64,7 @@ def _account_balances(spark: SparkSession, table: DeltaTable, events: DataFrame,
         )
         .execute(),
     )
-    return rows.count()
+    return written(metrics)
 
 
 # -- daily_order_totals ---------------------------------------------------------------
@@ -82,7 +89,7 @@ def _daily_order_totals(spark: SparkSession, table: DeltaTable, events: DataFram
         .groupBy("day")
         .agg(F.sum("orders").alias("orders"), F.sum("amount").alias("amount"))
     )
-    writer.run(
+    metrics = writer.run(
         "merge",
         lambda: table.alias("t")
         .merge(rows.alias("s"), "t.day = s.day")
@@ -90,7 +97,7 @@ def _daily_order_totals(spark: SparkSession, table: DeltaTable, events: DataFram
         .whenNotMatchedInsertAll()
         .execute(),
     )
-    return rows.count()
+    return written(metrics)
 
 
 # -- customer_recent_orders ------------------------------------------------------------
@@ -124,16 +131,32 @@ def _customer_recent_orders(spark: SparkSession, table: DeltaTable, events: Data
             F.max("version").alias("version"),
         )
     )
-    writer.run(
+    # One MERGE a batch, the trim included: the orders of the customers this batch placed
+    # orders for (as the table has them, with the new ones) are ranked newest first; the
+    # source row of an order past RECENT_ORDERS deletes it, or keeps it from coming in.
+    new_orders = changed.filter(F.col("customer_id").isNotNull())
+    held = writer.read().join(F.broadcast(new_orders.select("customer_id").distinct()), "customer_id")
+    newest_first = Window.partitionBy("customer_id").orderBy(F.col("placed_at").desc(), F.col("order_id").desc())
+    ranked = (
+        held.select("customer_id", "order_id", "placed_at")
+        .unionByName(new_orders.select("customer_id", "order_id", "placed_at"))
+        .withColumn("rank", F.row_number().over(newest_first))
+        .select("order_id", "rank")
+    )
+    pushed_out = ranked.filter(F.col("rank") > RECENT_ORDERS).join(changed, "order_id", "left_anti")
+    source = changed.join(ranked, "order_id", "left").unionByName(pushed_out, allowMissingColumns=True)
+    metrics = writer.run(
         "merge",
         lambda: table.alias("t")
-        .merge(changed.alias("s"), "t.order_id = s.order_id")
+        .merge(source.alias("s"), "t.order_id = s.order_id")
+        .whenMatchedDelete(condition=f"s.rank > {RECENT_ORDERS}")
         .whenMatchedUpdate(
             condition="s.version > t.version",
             set={"status": "coalesce(s.status, t.status)", "total": "t.total + s.amount", "version": "s.version"},
         )
         .whenNotMatchedInsert(
-            condition="s.customer_id IS NOT NULL",  # an order trimmed out earlier stays out
+            # an order trimmed out earlier (no customer_id in this batch) stays out
+            condition=f"s.customer_id IS NOT NULL AND s.rank <= {RECENT_ORDERS}",
             values={
                 "customer_id": "s.customer_id",
                 "order_id": "s.order_id",
@@ -145,27 +168,7 @@ def _customer_recent_orders(spark: SparkSession, table: DeltaTable, events: Data
         )
         .execute(),
     )
-    # Keep each touched customer's newest RECENT_ORDERS orders. The orders to drop are few
-    # (those pushed past the limit by this batch): they are collected, and a batch that
-    # pushes none out runs no second MERGE, which would cost its fixed time for nothing.
-    customers = changed.filter(F.col("customer_id").isNotNull()).select("customer_id").distinct()
-    newest_first = Window.partitionBy("customer_id").orderBy(F.col("placed_at").desc(), F.col("order_id").desc())
-    older = [
-        row.order_id
-        for row in table.toDF()
-        .join(customers, "customer_id")
-        .withColumn("rank", F.row_number().over(newest_first))
-        .filter(F.col("rank") > RECENT_ORDERS)
-        .select("order_id")
-        .collect()
-    ]
-    if older:
-        trimmed = spark.createDataFrame([(order_id,) for order_id in older], "order_id STRING")
-        writer.run(
-            "trim",
-            lambda: table.alias("t").merge(trimmed.alias("s"), "t.order_id = s.order_id").whenMatchedDelete().execute(),
-        )
-    return changed.count()
+    return written(metrics)
 
 
 # -- events_archive ------------------------------------------------------------------
@@ -173,16 +176,13 @@ def _customer_recent_orders(spark: SparkSession, table: DeltaTable, events: Data
 
 def _events_archive(spark: SparkSession, table: DeltaTable, events: DataFrame, writer: BatchWriter) -> int:
     rows = events.drop("kafka_partition", "kafka_offset")
-    detail = table.detail().first()
-    assert detail is not None, "a Delta table always has its detail row"
-    location = detail["location"]
     writer.run(
         "append",
         lambda: rows.write.format("delta")
         .mode("append")
         .option("txnAppId", writer.app_id + ".append")
         .option("txnVersion", writer.batch_id)
-        .save(location),
+        .save(writer.path),
     )
     return events.count()
 

@@ -16,7 +16,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..domain.aggregate import AggregateType
 from ..registry import by_name, load_object, load_optional
@@ -25,6 +25,8 @@ from ..settings import Settings
 if TYPE_CHECKING:
     from delta.tables import DeltaTable
     from pyspark.sql import DataFrame, SparkSession
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -51,13 +53,21 @@ class BatchWriter:
     spark: SparkSession
     app_id: str
     batch_id: int
+    path: str  # the table's location: for appends, and for reading it beside a MERGE into it
 
-    def run(self, step: str, write: Callable[[], object]) -> None:
+    def read(self) -> DataFrame:
+        """The table as a DataFrame of its own: a MERGE's source that reads the target
+        must not share the target's DataFrame (`DeltaTable.toDF()`), whose columns the
+        MERGE's conditions would then resolve ambiguously."""
+        return self.spark.read.format("delta").load(self.path)
+
+    def run(self, step: str, write: Callable[[], T]) -> T:
+        """`write()`, made idempotent; returns what it returns (a MERGE's metrics row, say)."""
         conf = self.spark.conf
         conf.set("spark.databricks.delta.write.txnAppId", f"{self.app_id}.{step}")
         conf.set("spark.databricks.delta.write.txnVersion", str(self.batch_id))
         try:
-            write()
+            return write()
         finally:
             conf.unset("spark.databricks.delta.write.txnAppId")
             conf.unset("spark.databricks.delta.write.txnVersion")

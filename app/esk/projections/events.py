@@ -162,12 +162,21 @@ def upcast(events: DataFrame, settings: Settings, categories: tuple[str, ...]) -
     schema version by the domain's own upcasters. A Python UDF is evaluated for every row
     of its input, even under F.when, so only the rows of an older version go through it:
     they are split off, upcast, and put back."""
-    registry = load_registry(settings.domain)
-    if not any(registry[name].upcasters for name in categories):
+    older = older_version(settings, categories)
+    if older is None:
         return events
-    older = _older(registry, categories)
     upcast_data = _upcast_udf(settings.domain)("aggregate_type", "type", "schema_version", "data")
     return events.filter(~older).unionByName(events.filter(older).withColumn("data", upcast_data))
+
+
+def older_version(settings: Settings, categories: tuple[str, ...]) -> Column | None:
+    """True on the rows of an event type's older schema version; None when no type read
+    has upcasters. A batch with no such row needs no `upcast`, whose UDF would start
+    Python workers for nothing."""
+    registry = load_registry(settings.domain)
+    if not any(registry[name].upcasters for name in categories):
+        return None
+    return _older(registry, categories)
 
 
 def _older(registry: Registry, categories: tuple[str, ...]) -> Column:

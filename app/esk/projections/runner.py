@@ -10,18 +10,38 @@ generation starts with a new checkpoint and batch ids from 0.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from delta.tables import DeltaTable
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.streaming.readwriter import DataStreamWriter
 from rich.console import Console
 
 from ..settings import Settings
 from .catalog import BatchWriter, Projection, Tables
-from .events import decode, event_stream, upcast
+from .events import decode, event_stream, older_version, upcast
 from .session import spark_session
+
+# Delta settings for many small writes on a few cores. Delta rebuilds a table's snapshot
+# state in 50 tasks by default, each a task to schedule whatever the table's size. Auto
+# compaction rewrites a table's small files once enough have piled up, after the commit
+# that made them. (A MERGE still copies its source first, Delta's default: a source that
+# reads the batch and the table several times is cheaper to read once.)
+DELTA_CONF = {
+    "spark.databricks.delta.snapshotPartitions": "2",
+    "spark.databricks.delta.autoCompact.enabled": "true",
+}
+# New tables keep the log and the files that compaction replaced for a day, not Delta's
+# 30 and 7 days: a read model has no use for time travel, and a reader's snapshot lives
+# for one request.
+TABLE_PROPERTIES = {
+    "delta.logRetentionDuration": "interval 1 day",
+    "delta.deletedFileRetentionDuration": "interval 1 day",
+}
+VACUUM_EVERY_S = 3600.0  # a continuous run removes unreferenced files this often
 
 
 @dataclass
@@ -48,30 +68,48 @@ def run(
     current = tables.current_generation(name)
     generation = (current or 0) + 1 if rebuild or current is None else current
     spark = spark or spark_session(settings, f"esk-project-{name}")
+    for key, value in DELTA_CONF.items():
+        spark.conf.set(key, value)
     path = tables.path(name, generation)
     schema = spark.createDataFrame([], projection.columns).schema
     builder = DeltaTable.createIfNotExists(spark).location(str(path)).addColumns(schema)
+    for key, value in TABLE_PROPERTIES.items():
+        builder = builder.property(key, value)
     if projection.model.partition_by:
         builder = builder.partitionedBy(*projection.model.partition_by)
     table = builder.execute()
     summary = RunSummary(name, generation)
     app_id = f"esk.{settings.app}.{name}.g{generation}"
+    categories = projection.model.categories
+    older = older_version(settings, categories)
 
     def batch(decoded: DataFrame, batch_id: int) -> None:
-        cached = decoded.persist()  # MERGE reads its source more than once
+        started = time.perf_counter()
+        # A MERGE reads its source more than once: the batch is cached, and so is its
+        # upcast form when it has rows of an older version, so the Kafka read and the
+        # upcasting UDF run once a batch.
+        raw = decoded.persist()
+        cached = raw
         try:
-            count = cached.count()
-            events = upcast(cached, settings, projection.model.categories)
-            rows = projection.apply(spark, table, events, BatchWriter(spark, app_id, batch_id)) if count else 0
+            count, stale = _counts(raw, older)
+            if stale:
+                cached = upcast(raw, settings, categories).persist()
+                cached.count()
+                raw.unpersist()  # the upcast cache is built: it no longer needs this one
+            rows = projection.apply(spark, table, cached, BatchWriter(spark, app_id, batch_id, str(path))) if count else 0
         finally:
+            raw.unpersist()
             cached.unpersist()
         summary.batches += 1
         summary.events += count
         summary.rows += rows
-        console.print(f"{name} g{generation} batch {batch_id}: {count:,} events, {rows:,} rows merged", highlight=False)
+        console.print(
+            f"{name} g{generation} batch {batch_id}: {count:,} events, {rows:,} rows merged in {time.perf_counter() - started:.2f}s",
+            highlight=False,
+        )
 
     def writer() -> DataStreamWriter:
-        events = decode(event_stream(spark, settings, projection.model.categories))
+        events = decode(event_stream(spark, settings, categories))
         return events.writeStream.foreachBatch(batch).option("checkpointLocation", str(tables.checkpoint(name, generation)))
 
     query = writer().trigger(availableNow=True).start()
@@ -82,16 +120,29 @@ def run(
         console.print(f"{name}: readers now use generation {generation} ({path})", highlight=False)
     if continuous:
         query = writer().trigger(processingTime=f"{settings.projections.trigger_interval_s} seconds").start()
+        vacuumed = time.monotonic()
         try:
             while query.isActive:
                 query.awaitTermination(round(settings.projections.trigger_interval_s * 2))
                 summary.lag = _lag(query.lastProgress)
                 console.print(f"{name} lag per partition: {summary.lag or 'none'}", highlight=False)
+                if time.monotonic() - vacuumed > VACUUM_EVERY_S:
+                    # Beside the query, not in a batch, so the lag does not wait for it;
+                    # Delta lets a VACUUM run alongside writes.
+                    table.vacuum()
+                    vacuumed = time.monotonic()
         except KeyboardInterrupt:
             pass
         finally:
             query.stop()
     return summary
+
+
+def _counts(batch: DataFrame, older: Column | None) -> tuple[int, int]:
+    """The batch's events, and those of an older schema version, in one pass."""
+    row = batch.agg(F.count(F.lit(1)), F.count_if(older) if older is not None else F.lit(0)).first()
+    assert row is not None, "an aggregate without grouping has one row"
+    return int(row[0]), int(row[1])
 
 
 def _lag(progress: dict[str, Any] | None) -> dict[str, int]:
