@@ -227,12 +227,15 @@ def scratch_settings(broker: EmbeddedBroker, app_prefix: str, partitions: int) -
 T = TypeVar("T")
 
 
-def workload_arguments(description: str | None) -> argparse.Namespace:
-    """The options of one workload run on its own (`python -m bench.<workload>`)."""
+def workload_arguments(description: str | None, more: Callable[[argparse.ArgumentParser], object] | None = None) -> argparse.Namespace:
+    """The options of one workload run on its own (`python -m bench.<workload>`); `more`
+    adds a workload's own."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="the sizes of bench-quick")
     parser.add_argument("--partitions", type=int, default=6)
     parser.add_argument("--budget-mb", type=int, default=128)
+    if more is not None:
+        more(parser)
     return parser.parse_args()
 
 

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.cluster import Cluster, EskProcess, new_app, run_harness, scratch_broker, scratch_settings
+from bench.cluster import Cluster, EskProcess, new_app, run_harness, scratch_broker, scratch_settings, workload_arguments
 from bench.delta_watch import RowWatch
 from bench.http_load import LoadSpec, as_request, run_load
 from bench.measure import drain, percentile
@@ -207,13 +207,11 @@ async def run(sizes: W4Sizes, partitions: int, budget_mb: int) -> Report:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="20,000 events and a 40 s lag load")
-    parser.add_argument("--events", type=int, help="events to catch up over (overrides the size's)")
-    parser.add_argument("--lag-s", type=float, help="seconds of steady load for the lag")
-    parser.add_argument("--partitions", type=int, default=6)
-    parser.add_argument("--budget-mb", type=int, default=128)
-    args = parser.parse_args()
+    def sizes_of_w4(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--events", type=int, help="events to catch up over (overrides the size's)")
+        parser.add_argument("--lag-s", type=float, help="seconds of steady load for the lag")
+
+    args = workload_arguments(__doc__, sizes_of_w4)
     sizes = QUICK if args.quick else FULL
     sizes = W4Sizes(args.events or sizes.events, sizes.lag_rate, args.lag_s or sizes.lag_s, sizes.one_shot_orders)
     run_harness(run(sizes, args.partitions, args.budget_mb))
