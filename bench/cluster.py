@@ -16,13 +16,15 @@ import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, Protocol, TypeVar
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
+from rich.console import Console
+from rich.table import Table
 
 from esk.broker import EmbeddedBroker
 from esk.broker.ports import free_port, free_port_pair
@@ -272,3 +274,35 @@ async def scratch_broker(prefix: str) -> AsyncIterator[EmbeddedBroker]:
     finally:
         await asyncio.to_thread(broker.stop)
         shutil.rmtree(data_dir, ignore_errors=True)
+
+
+@asynccontextmanager
+async def harness_application(name: str, console: Console) -> AsyncIterator[tuple[Settings, Path]]:
+    """A harness's fresh application, on a scratch broker of its own unless the settings
+    name a Kafka cluster (then it is used as configured), and a work directory for logs."""
+    async with AsyncExitStack() as stack:
+        settings = Settings(app=f"{name}{uuid.uuid4().hex[:6]}")
+        if settings.uses_embedded_broker:
+            broker = await stack.enter_async_context(scratch_broker(f"esk-{name}"))
+            settings = scratch_settings(broker, name, settings.topics.partitions)
+            console.print(f"broker on {broker.bootstrap}")
+        workdir = Path(tempfile.mkdtemp(prefix=f"esk-{name}-"))
+        console.print(f"app {settings.app}; logs in {workdir}")
+        yield settings, workdir
+
+
+class Verdict(Protocol):
+    notes: list[str]
+
+    @property
+    def ok(self) -> bool: ...
+
+    def table(self, title: str) -> Table: ...
+
+
+def exit_with(verdict: Verdict, title: str, console: Console, notes: int = 20) -> NoReturn:
+    """Print a harness's verdict (its table and its first notes) and exit 0 only if it holds."""
+    console.print(verdict.table(title))
+    for note in verdict.notes[:notes]:
+        console.print(note, highlight=False)
+    raise SystemExit(0 if verdict.ok else 1)

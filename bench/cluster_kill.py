@@ -55,7 +55,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench import subscriptions_crash
-from bench.cluster import Cluster, EskProcess, run_harness
+from bench.cluster import Cluster, EskProcess, exit_with, run_harness
 from bench.crash import Verdict, count_rows, verdict_table, verify
 from esk.broker import BrokerError
 from esk.broker.cluster import KafkaCluster
@@ -572,10 +572,7 @@ def main() -> None:
             return await run(kafka, workdir, schedule, workload, console)
 
     verdict = run_harness(harness())
-    console.print(verdict.table(f"{verdict.broker_kills} broker kills in {args.minutes:g} min, {args.rate:.0f} commands/s wanted"))
-    for note in verdict.notes[:30]:
-        console.print(note, highlight=False)
-    raise SystemExit(0 if verdict.ok else 1)
+    exit_with(verdict, f"{verdict.broker_kills} broker kills in {args.minutes:g} min, {args.rate:.0f} commands/s wanted", console, 30)
 
 
 if __name__ == "__main__":

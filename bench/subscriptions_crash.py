@@ -29,11 +29,9 @@ import asyncio
 import contextlib
 import random
 import sqlite3
-import tempfile
 import time
 import uuid
 from collections import Counter, defaultdict
-from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,7 +41,7 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from bench.cluster import Cluster, api_ready, run_harness, scratch_broker, scratch_settings, wait_until
+from bench.cluster import Cluster, api_ready, exit_with, harness_application, run_harness, wait_until
 from esk.kafka.reader import read_committed
 from esk.kafka.topics import TopicNames, ensure_topics, topic_specs
 from esk.registry import load_registry
@@ -322,21 +320,11 @@ def main() -> None:
     console = Console()
 
     async def harness() -> Verdict:
-        async with AsyncExitStack() as stack:
-            settings = Settings(app=f"subcrash{uuid.uuid4().hex[:6]}")
-            if settings.uses_embedded_broker:  # a broker of its own; an external cluster is used as configured
-                broker = await stack.enter_async_context(scratch_broker("esk-subscriptions-crash"))
-                settings = scratch_settings(broker, "subcrash", settings.topics.partitions)
-                console.print(f"broker on {broker.bootstrap}")
-            workdir = Path(tempfile.mkdtemp(prefix="esk-subscriptions-crash-"))
-            console.print(f"app {settings.app}; logs in {workdir}")
+        async with harness_application("subcrash", console) as (settings, workdir):
             return await run(settings, workdir, args.kills, args.rate, args.min_gap, args.max_gap, args.seed, console)
 
     verdict = run_harness(harness())
-    console.print(verdict.table(f"subscriptions crash harness: {args.kills} SIGKILLs at {args.rate:.0f} commands/s"))
-    for note in verdict.notes[:20]:
-        console.print(note, highlight=False)
-    raise SystemExit(0 if verdict.ok else 1)
+    exit_with(verdict, f"subscriptions crash harness: {args.kills} SIGKILLs at {args.rate:.0f} commands/s", console)
 
 
 if __name__ == "__main__":
