@@ -4,23 +4,15 @@ registers them, and the default `ESK_READ_MODELS` finds it."""
 
 from __future__ import annotations
 
-from delta.tables import DeltaTable
-from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from domain.accounts import Closed, Deposited, Opened, Withdrawn, accounts
 from domain.orders import Cancelled, Deleted, LineAdded, Placed, Shipped, orders
-from esk.projections.catalog import BatchWriter, Projection, ReadModel
+from esk.projections.catalog import BatchWriter, Merge, Projection, ReadModel
 from esk.projections.events import ENVELOPE, ddl, is_event, of, payload
 
 RECENT_ORDERS = 30
-
-
-def written(merge_metrics: DataFrame) -> int:
-    """The rows a MERGE inserted or updated, from the metrics row it returns (counting the
-    source again would run its whole plan once more)."""
-    row = merge_metrics.first()
-    return 0 if row is None else int(row["num_inserted_rows"]) + int(row["num_updated_rows"])
 
 
 def latest(column: str) -> Column:
@@ -31,7 +23,7 @@ def latest(column: str) -> Column:
 # -- account_balances ---------------------------------------------------------------
 
 
-def _account_balances(spark: SparkSession, table: DeltaTable, events: DataFrame, writer: BatchWriter) -> int:
+def _account_balances(events: DataFrame, writer: BatchWriter) -> int:
     deposited = payload(accounts, Deposited)
     withdrawn = payload(accounts, Withdrawn)
     rows = (
@@ -46,25 +38,20 @@ def _account_balances(spark: SparkSession, table: DeltaTable, events: DataFrame,
         .groupBy("account_id")
         .agg(F.sum("delta").alias("delta"), F.max("version").alias("version"), F.max("owner").alias("owner"), latest("status").alias("status"))
     )
-    metrics = writer.run(
-        "merge",
-        lambda: table.alias("t")
-        .merge(rows.alias("s"), "t.account_id = s.account_id")
-        .whenMatchedUpdate(
-            condition="s.version > t.version",
-            set={
+    return writer.merge(
+        rows,
+        Merge(
+            on="t.account_id = s.account_id",
+            update={
                 "balance": "t.balance + s.delta",
                 "version": "s.version",
                 "owner": "coalesce(s.owner, t.owner)",
                 "status": "coalesce(s.status, t.status)",
             },
-        )
-        .whenNotMatchedInsert(
-            values={"account_id": "s.account_id", "owner": "s.owner", "balance": "s.delta", "status": "s.status", "version": "s.version"}
-        )
-        .execute(),
+            update_if="s.version > t.version",
+            insert={"account_id": "s.account_id", "owner": "s.owner", "balance": "s.delta", "status": "s.status", "version": "s.version"},
+        ),
     )
-    return written(metrics)
 
 
 # -- daily_order_totals ---------------------------------------------------------------
@@ -77,7 +64,7 @@ def _order_amounts() -> tuple[Column, Column]:
     return placed_amount, added["qty"] * added["price"]
 
 
-def _daily_order_totals(spark: SparkSession, table: DeltaTable, events: DataFrame, writer: BatchWriter) -> int:
+def _daily_order_totals(events: DataFrame, writer: BatchWriter) -> int:
     placed_amount, added_amount = _order_amounts()
     rows = (
         events.filter(of(orders))
@@ -89,21 +76,13 @@ def _daily_order_totals(spark: SparkSession, table: DeltaTable, events: DataFram
         .groupBy("day")
         .agg(F.sum("orders").alias("orders"), F.sum("amount").alias("amount"))
     )
-    metrics = writer.run(
-        "merge",
-        lambda: table.alias("t")
-        .merge(rows.alias("s"), "t.day = s.day")
-        .whenMatchedUpdate(set={"orders": "t.orders + s.orders", "amount": "t.amount + s.amount"})
-        .whenNotMatchedInsertAll()
-        .execute(),
-    )
-    return written(metrics)
+    return writer.merge(rows, Merge(on="t.day = s.day", update={"orders": "t.orders + s.orders", "amount": "t.amount + s.amount"}))
 
 
 # -- customer_recent_orders ------------------------------------------------------------
 
 
-def _customer_recent_orders(spark: SparkSession, table: DeltaTable, events: DataFrame, writer: BatchWriter) -> int:
+def _customer_recent_orders(events: DataFrame, writer: BatchWriter) -> int:
     placed_amount, added_amount = _order_amounts()
     placed = payload(orders, Placed)
     status = (
@@ -145,19 +124,15 @@ def _customer_recent_orders(spark: SparkSession, table: DeltaTable, events: Data
     )
     pushed_out = ranked.filter(F.col("rank") > RECENT_ORDERS).join(changed, "order_id", "left_anti")
     source = changed.join(ranked, "order_id", "left").unionByName(pushed_out, allowMissingColumns=True)
-    metrics = writer.run(
-        "merge",
-        lambda: table.alias("t")
-        .merge(source.alias("s"), "t.order_id = s.order_id")
-        .whenMatchedDelete(condition=f"s.rank > {RECENT_ORDERS}")
-        .whenMatchedUpdate(
-            condition="s.version > t.version",
-            set={"status": "coalesce(s.status, t.status)", "total": "t.total + s.amount", "version": "s.version"},
-        )
-        .whenNotMatchedInsert(
+    return writer.merge(
+        source,
+        Merge(
+            on="t.order_id = s.order_id",
+            delete_if=f"s.rank > {RECENT_ORDERS}",
+            update={"status": "coalesce(s.status, t.status)", "total": "t.total + s.amount", "version": "s.version"},
+            update_if="s.version > t.version",
             # an order trimmed out earlier (no customer_id in this batch) stays out
-            condition=f"s.customer_id IS NOT NULL AND s.rank <= {RECENT_ORDERS}",
-            values={
+            insert={
                 "customer_id": "s.customer_id",
                 "order_id": "s.order_id",
                 "placed_at": "s.placed_at",
@@ -165,26 +140,17 @@ def _customer_recent_orders(spark: SparkSession, table: DeltaTable, events: Data
                 "total": "s.amount",
                 "version": "s.version",
             },
-        )
-        .execute(),
+            insert_if=f"s.customer_id IS NOT NULL AND s.rank <= {RECENT_ORDERS}",
+        ),
     )
-    return written(metrics)
 
 
 # -- events_archive ------------------------------------------------------------------
 
 
-def _events_archive(spark: SparkSession, table: DeltaTable, events: DataFrame, writer: BatchWriter) -> int:
+def _events_archive(events: DataFrame, writer: BatchWriter) -> int:
     rows = events.drop("kafka_partition", "kafka_offset")
-    writer.run(
-        "append",
-        lambda: rows.write.format("delta")
-        .mode("append")
-        .option("txnAppId", writer.app_id + ".append")
-        .option("txnVersion", writer.batch_id)
-        .save(writer.path),
-    )
-    return events.count()
+    return writer.append(rows)
 
 
 READ_MODELS: list[Projection] = [

@@ -29,13 +29,19 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]
 @pytest.fixture
 def settings(broker: EmbeddedBroker, tmp_path: Path) -> Settings:
     """Settings for one test: its own app name (so its own topics) and state directories."""
+    return own_settings(broker, tmp_path)
+
+
+def own_settings(broker: EmbeddedBroker, directory: Path) -> Settings:
+    """Settings of their own (an app name, so topics, and state directories under
+    `directory`): a test's, or those of a module's tests that share one system."""
     return Settings(
         app=f"t{uuid.uuid4().hex[:10]}",
         kafka={"bootstrap_servers": broker.bootstrap},
         broker=broker.settings.model_dump(),
         topics={"partitions": 3},
-        processor={"state_dir": tmp_path / "processor", "commit_interval_ms": 20},
-        api={"state_dir": tmp_path / "api", "port": 0},
+        processor={"state_dir": directory / "processor", "commit_interval_ms": 20},
+        api={"state_dir": directory / "api", "port": 0},
         _env_file=None,
     )
 

@@ -16,6 +16,7 @@ import orjson
 import uvicorn
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import ConsumerRecord
+from fastapi import FastAPI
 
 from esk.api.http import create_app
 from esk.broker.ports import free_port
@@ -70,6 +71,13 @@ async def processor(settings: Settings, registry: Registry, wait_ready: bool = T
 
 @asynccontextmanager
 async def api(settings: Settings, registry: Registry) -> AsyncIterator[httpx.AsyncClient]:
+    async with api_app(settings, registry) as (_app, client):
+        yield client
+
+
+@asynccontextmanager
+async def api_app(settings: Settings, registry: Registry) -> AsyncIterator[tuple[FastAPI, httpx.AsyncClient]]:
+    """An API server, and its app (`app.state` holds its replica and history index)."""
     port = free_port()
     app = create_app(settings, registry)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
@@ -80,7 +88,7 @@ async def api(settings: Settings, registry: Registry) -> AsyncIterator[httpx.Asy
             serving.result()
         await wait_for(app.state.replica.ready.is_set, what="API replica ready")
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
-            yield client
+            yield app, client
     finally:
         server.should_exit = True
         await asyncio.wait_for(serving, 30)
@@ -91,6 +99,7 @@ class System:
     settings: Settings
     registry: Registry
     clients: list[httpx.AsyncClient] = field(default_factory=list)
+    apps: list[FastAPI] = field(default_factory=list)
     processors: list[RunningProcessor] = field(default_factory=list)
 
     @property
@@ -110,7 +119,9 @@ async def system(settings: Settings, apis: int = 1, processors: int = 1) -> Asyn
             running.processors.append(await stack.enter_async_context(processor(own, registry)))
         for n in range(apis):
             own = with_state_dirs(settings, f"a{n}")
-            running.clients.append(await stack.enter_async_context(api(own, registry)))
+            app, client = await stack.enter_async_context(api_app(own, registry))
+            running.apps.append(app)
+            running.clients.append(client)
         yield running
 
 

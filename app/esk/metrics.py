@@ -68,3 +68,8 @@ READ_MODEL_POSITION = Gauge(
     "esk_read_model_position", "The offset up to which a read model's current table reflects an events partition (read-your-writes)",
     ["read_model", "topic", "partition"],
 )
+HISTORY_POSITION = Gauge(
+    "esk_history_position",
+    "The offset up to which this API instance's history index reflects an events partition (GET /v1/{type}/{id}/events)",
+    ["topic", "partition"],
+)

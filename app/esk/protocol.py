@@ -6,6 +6,8 @@ decode checks the types those fields declare (a record that fails is a DecodeErr
 - `<app>.<type>.events`: key `<id>`, value an event record, headers esk-*
 - results topic: key `<id>` (the aggregate id), value `Outcome`
 - changelog (and every store): `a/<type>/<id>` -> `StoredAggregate`, `c/<command_id>` -> `Outcome`
+- the API's history index (a store of its own): `a/<type>/<id>/<version>` -> the event
+  record as on its events topic
 
 Commands, events and outcomes share the aggregate id as key, so the default partitioner
 puts all three on the same partition number (the topics have equal partition counts): a
@@ -36,6 +38,24 @@ def aggregate_key(aggregate_type: str, aggregate_id: str) -> bytes:
 
 def command_key(command_id: str) -> bytes:
     return f"c/{command_id}".encode()
+
+
+def history_prefix(aggregate_type: str, aggregate_id: str) -> bytes:
+    """What every key of one aggregate's events in the API's history index starts with (ids
+    hold no "/", so no other aggregate's keys start with it)."""
+    return aggregate_key(aggregate_type, aggregate_id) + b"/"
+
+
+def history_key(aggregate_type: str, aggregate_id: str, version: int) -> bytes:
+    """An event in the API's history index: `a/<type>/<id>/` and the version as 8 big-endian
+    bytes, so that an aggregate's events sit together and sort by version numerically (as
+    digits, version 10 would sort before version 9)."""
+    return history_prefix(aggregate_type, aggregate_id) + version.to_bytes(8, "big")
+
+
+def prefix_end(prefix: bytes) -> bytes:
+    """The first key after every key that starts with `prefix` (which does not end in 0xff)."""
+    return prefix[:-1] + bytes([prefix[-1] + 1])
 
 
 AGGREGATE_PREFIX = b"a/"

@@ -120,6 +120,12 @@ class ApiSettings(BaseModel):
     retry_after_s: int = 1
     # Bearer tokens allowed to call the API; empty = auth off.
     auth_tokens: list[str] = Field(default_factory=list)
+    # The history index (GET /v1/{type}/{id}/events): every event of every aggregate type,
+    # kept by each API instance from the events topics; false on instances that serve no
+    # history (they read no events, and the route answers 404 history_disabled).
+    history: bool = True
+    # The history index's RocksDB block cache and write buffers (the replica has 128 MB).
+    history_memory_budget_mb: int = 64
 
 
 class ProjectionSettings(BaseModel):
@@ -132,6 +138,9 @@ class ProjectionSettings(BaseModel):
     shuffle_partitions: int = 4
     trigger_interval_s: float = 5.0
     max_offsets_per_trigger: int | None = None
+    # Batches of up to this many events are written by delta-rs on the driver, bigger ones
+    # by Spark on the executors (projections.catalog.BatchWriter); 0: always Spark.
+    driver_write_max_events: int = 20_000
     # Rows the HTTP API returns at most per projection query.
     api_row_limit: int = 1000
 

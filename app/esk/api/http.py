@@ -23,7 +23,7 @@ from starlette.responses import Response
 
 from ..kafka.topics import TopicNames
 from ..metrics import READ_MODEL_POSITION
-from ..projections.positions import Position, Positions, unreflected
+from ..projections.positions import Positions
 from ..projections.positions import as_json as positions_json
 from ..projections.reader import BadFilter, ReadModelNotBuilt, ReadModelNotFound, ReadModelRows
 from ..protocol import StoredAggregate
@@ -33,16 +33,16 @@ from ..settings import Settings
 from .auth import BearerAuth
 from .commands import AGGREGATE_ID, CommandEndpoint, CommandIntake, CommandRoutes, etag, json_response, outcome_response
 from .gateway import CommandGateway
+from .history import EventHistory
 from .openapi import READ_PARAMETERS, document
 from .positions import EventPositions
 from .problems import Problem
+from .read_after import ReadAfter
 from .replica import StateReplica
 from .tracing import TracingMiddleware
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-READ_WAIT_DEFAULT_S = 5.0  # with `after` and no `wait_ms`
-READ_WAIT_POLL_S = 0.1
 
 
 def _fastapi_telemetry(settings: Settings) -> dict[str, Any]:
@@ -60,12 +60,16 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
     names = TopicNames(settings.app)
     read_models = ReadModelRows(settings)
     replica = StateReplica(settings)
+    history = EventHistory(settings, registry) if settings.api.history else None
     positions = EventPositions(settings)
     intake = CommandIntake(settings, gateway, replica, positions)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         await replica.start()
+        if history is not None:
+            # Once the replica has caught up: a long history must not delay serving commands.
+            await history.start(not_before=replica.ready)
         await gateway.start()
         await positions.start()
         try:
@@ -73,6 +77,8 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
         finally:
             await positions.stop()
             await gateway.stop()
+            if history is not None:
+                await history.stop()
             await replica.stop()
 
     app = FastAPI(
@@ -83,6 +89,7 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
         **_fastapi_telemetry(settings),
     )
     app.state.replica = replica
+    app.state.history = history
     app.state.gateway = gateway
 
     @app.exception_handler(Problem)
@@ -126,55 +133,38 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
     async def get_projection(name: str, request: Request, limit: int | None = None, wait_ms: int | None = None) -> Response:
         if limit is not None and limit < 1:
             raise Problem(400, "invalid_limit", "limit must be >= 1")
-        if wait_ms is not None and wait_ms < 0:
-            raise Problem(400, "invalid_wait", "wait_ms must be >= 0")
+        after = ReadAfter.of(request.query_params.getlist("after"), wait_ms, settings.api.read_wait_max_s)
         filters = {k: v for k, v in request.query_params.items() if k not in READ_PARAMETERS}
         row_limit = min(limit or settings.projections.api_row_limit, settings.projections.api_row_limit)
-        positions = await _reflecting(name, request.query_params.getlist("after"), wait_ms)
+        read = await _guarded(name, lambda: read_models.model(name))
+        after.check_topics(name, {names.events(category) for category in read.categories})
+
+        async def read_model_positions() -> Positions:
+            return await _guarded(name, lambda: read_models.positions(name))
+
+        positions = await after.reflected(name, read_model_positions)
         rows = await _read_model(name, filters, row_limit)
         return json_response({"name": name, "rows": rows, "count": len(rows), "positions": positions_json(positions)})
 
-    async def _reflecting(name: str, tokens: list[str], wait_ms: int | None) -> Positions:
-        """The read model's positions, once they reach every position in `tokens` (a
-        command's answer gave them), waiting at most `wait_ms`."""
-        try:
-            wanted = [Position.parse(token) for token in tokens]
-        except ValueError as error:
-            raise Problem(400, "invalid_position", str(error)) from None
-        read = await _guarded(name, lambda: read_models.model(name))
-        topics = {names.events(category) for category in read.categories}
-        foreign = [p.token() for p in wanted if p.topic not in topics]
-        if foreign:
-            raise Problem(400, "invalid_position", f"{name} does not read {', '.join(foreign)}; it reads {', '.join(sorted(topics))}")
-        default_wait_s = READ_WAIT_DEFAULT_S if wanted else 0.0
-        wait_s = min(default_wait_s if wait_ms is None else wait_ms / 1000, settings.api.read_wait_max_s)
-        deadline = asyncio.get_running_loop().time() + wait_s
-        while True:
-            positions = await _guarded(name, lambda: read_models.positions(name))
-            missing = unreflected(positions, wanted)
-            if not missing:
-                return positions
-            if asyncio.get_running_loop().time() >= deadline:
-                raise Problem(
-                    503, "not_caught_up", f"{name} has not read up to {', '.join(p.token() for p in missing)} yet",
-                    {"Retry-After": "1"}, positions=positions_json(positions),
-                )
-            await asyncio.sleep(READ_WAIT_POLL_S)
-
     @router.get("/v1/{type_name}/{id}/events")
-    async def get_history(type_name: str, id: str) -> Response:
+    async def get_history(type_name: str, id: str, request: Request, wait_ms: int | None = None) -> Response:
         if type_name not in registry:
             raise Problem(404, "unknown_aggregate_type", f"no aggregate type {type_name!r}")
         AGGREGATE_ID.check(id)
-        rows = await _read_model("events_archive", {"aggregate_type": type_name, "aggregate_id": id}, 100_000)
-        if not rows:
-            raise Problem(404, "not_found", f"no archived events for {type_name} {id!r} (the archive is a projection: run it)")
-        events = [
-            {k: r[k] for k in ("event_id", "type", "version", "schema_version", "recorded_at", "command_id")}
-            | {"data": orjson.loads(r["data"])}
-            for r in rows
-        ]
-        return json_response({"type": type_name, "id": id, "events": events})
+        if history is None:
+            raise Problem(404, "history_disabled", "this API instance keeps no history index (ESK_API__HISTORY=false)")
+        after = ReadAfter.of(request.query_params.getlist("after"), wait_ms, settings.api.read_wait_max_s)
+        after.check_topics("the history index", history.topics)
+        if not history.ready.is_set():
+            raise Problem(
+                503, "history_catching_up", "the history index is still reading the events topics since the API started",
+                {"Retry-After": str(settings.api.retry_after_s)}, positions=positions_json(history.positions()),
+            )
+        positions = await after.reflected("the history index", history.current_positions, history.moved)
+        events = await history.read(type_name, id)
+        if not events:
+            raise Problem(404, "not_found", f"{type_name} {id!r} has no events")
+        return json_response({"type": type_name, "id": id, "events": events, "positions": positions_json(positions)})
 
     async def _read_model(name: str, filters: dict[str, str], limit: int) -> list[dict[str, Any]]:
         return await _guarded(name, lambda: read_models.read(name, filters, limit))

@@ -160,7 +160,11 @@ def _components() -> Schema:
         "Problem": PROBLEM_SCHEMA,
         "FieldError": FIELD_ERROR_SCHEMA,
         "RecordedEvent": _object(recorded_event, "An event as the command that emitted it recorded it"),
-        "ArchivedEvent": _object(recorded_event | {"command_id": _string()}, "An event as the events archive holds it"),
+        "HistoryEvent": _object(
+            recorded_event | {"command_id": _string()},
+            "An event of an aggregate's history; `data` in its type's current schema (`schema_version`) where the "
+            "domain's upcasters bring it there",
+        ),
         "CommandAccepted": _object({
             "command_id": _string(),
             "type": _string(),
@@ -169,8 +173,8 @@ def _components() -> Schema:
             "events": {"type": "array", "items": _ref("RecordedEvent")},
             "position": {
                 "oneOf": [_ref("Position"), {"type": "null"}],
-                "description": "Where its events are: a read of a read model given it (`after`) reflects this command; "
-                "null when it could not be told in time",
+                "description": "Where its events are: a read of a read model or of a history given it (`after`) "
+                "reflects this command; null when it could not be told in time",
             },
         }, "The command was accepted: the aggregate's new version and the events it emitted"),
         "Position": _object({
@@ -194,7 +198,12 @@ def _components() -> Schema:
             "http_status": {"type": "integer", "description": "What the command's POST answered, or would have"},
         }, "The outcome of a command"),
         "Aggregate": _object({"type": _string(), "id": _string(), "version": _count(1), "state": {"type": "object"}}),
-        "History": _object({"type": _string(), "id": _string(), "events": {"type": "array", "items": _ref("ArchivedEvent")}}),
+        "History": _object({
+            "type": _string(),
+            "id": _string(),
+            "events": {"type": "array", "items": _ref("HistoryEvent"), "description": "In version order"},
+            "positions": {"type": "array", "items": _ref("Position"), "description": "What the events reflect"},
+        }),
         "Status": _object({"status": _string()}),
     }
 
@@ -347,20 +356,29 @@ def _aggregate_operation(registry: Registry) -> Schema:
     }
 
 
-def _history_operation(registry: Registry) -> Schema:
+def _history_operation(registry: Registry, topics: TopicNames) -> Schema:
+    reads = [topics.events(name) for name in sorted(registry)]
     return {
         "tags": ["state"],
-        "summary": "An aggregate's history (from the events archive read model)",
+        "summary": "An aggregate's history: its events in version order",
+        "description": "From the history index each API instance keeps of the events topics, as far as it has read them "
+        "(`positions`); given `after`, once it has read past those positions.",
         "operationId": "get_history",
-        "parameters": _aggregate_path_parameters(registry),
+        "parameters": [*_aggregate_path_parameters(registry), *_read_after_parameters(reads, "the events")],
         "responses": {
-            "200": _answer("The aggregate's events, as far as the archive is built", _ref("History")),
-            "400": _problem("An invalid id", "invalid_aggregate_id"),
+            "200": _answer("The aggregate's events in version order, and the positions they reflect", _ref("History")),
+            "400": _problem("An invalid id, wait or position", "invalid_aggregate_id", "invalid_wait", "invalid_position"),
             "404": _problem(
-                "No archived events for the aggregate, no such type, or no events archive",
-                "not_found", "unknown_aggregate_type", "unknown_projection",
+                "No events for the aggregate, no such type, or no history index on this API instance (ESK_API__HISTORY=false)",
+                "not_found", "unknown_aggregate_type", "history_disabled",
             ),
-            "503": _unusable_read_models(),
+            "422": _problem("wait_ms is not an integer", "invalid_request"),
+            "503": _problem(
+                "The history index is still reading the events topics since the API started (history_catching_up), "
+                "or has not reached the positions asked for in time (not_caught_up); `positions` says how far it has read",
+                "history_catching_up", "not_caught_up",
+                headers={"Retry-After": _retry_after()},
+            ),
         },
     }
 
@@ -458,10 +476,21 @@ def _row_value(type_name: str) -> Schema:
     return value
 
 
+def _read_after_parameters(reads: Iterable[str], what: str) -> list[Schema]:
+    """`after` and `wait_ms` of a read of what follows the events topics `reads`; a position
+    on another topic is refused, so the document says which."""
+    pattern = "|".join(re.escape(topic) for topic in reads)
+    return [
+        _parameter(
+            "after", "query", {"type": "array", "items": {"type": "string", "pattern": rf"^({pattern})/\d+/\d+$"}},
+            f"Positions (a command answer's `position.token`) {what} must reflect; the read waits for them",
+        ),
+        _parameter("wait_ms", "query", _count(), "How long to wait for `after` (default 5000, at most the API's bound)"),
+    ]
+
+
 def _projection_operation(projection: Projection, row_limit: int, topics: TopicNames) -> Schema:
     model = projection.model
-    # a position on a topic the read model does not read is refused, so the document says which
-    reads = "|".join(re.escape(topics.events(category)) for category in model.categories)
     columns = _columns(projection.columns)
     filters = [
         _parameter(name, "query", _FILTERS[type_name], f"Rows whose {name} equals this")
@@ -483,11 +512,7 @@ def _projection_operation(projection: Projection, row_limit: int, topics: TopicN
         "operationId": f"read_model_{model.name}",
         "parameters": [
             _parameter("limit", "query", _example(_count(1), 100), f"At most this many rows (never more than {row_limit})"),
-            _parameter(
-                "after", "query", {"type": "array", "items": {"type": "string", "pattern": rf"^({reads})/\d+/\d+$"}},
-                "Positions (a command answer's `position.token`) the rows must reflect; the read waits for them",
-            ),
-            _parameter("wait_ms", "query", _count(), "How long to wait for `after` (default 5000, at most the API's bound)"),
+            *_read_after_parameters((topics.events(category) for category in model.categories), "the rows"),
             *filters,
         ],
         "responses": {
@@ -542,7 +567,7 @@ def document(app: FastAPI, settings: Settings, registry: Registry) -> None:
         for projection in _read_models(settings):
             paths[f"/v1/projections/{projection.model.name}"] = {"get": _projection_operation(projection, row_limit, TopicNames(settings.app))}
         paths["/v1/{type_name}/{id}"] = {"get": _aggregate_operation(registry)}
-        paths["/v1/{type_name}/{id}/events"] = {"get": _history_operation(registry)}
+        paths["/v1/{type_name}/{id}/events"] = {"get": _history_operation(registry, TopicNames(settings.app))}
         paths |= _operations_paths()
         components = schema.setdefault("components", {})
         components["schemas"] = _int64(components.get("schemas", {}) | _components() | _domain_components(registry))

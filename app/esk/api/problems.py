@@ -38,6 +38,11 @@ PROBLEM_SCHEMA: dict[str, Any] = {
         "errors": {"type": "array", "items": {"$ref": "#/components/schemas/FieldError"}},
         "current_version": {"type": "integer", "minimum": 0, "description": "The aggregate's version when it was refused"},
         "command_id": {"type": "string"},
+        "positions": {
+            "type": "array",
+            "items": {"$ref": "#/components/schemas/Position"},
+            "description": "How far the read has got (not_caught_up, history_catching_up)",
+        },
     },
 }
 FIELD_ERROR_SCHEMA: dict[str, Any] = {

@@ -13,8 +13,8 @@ only then replaces CURRENT (atomically), so a reader never sees a half-built rea
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -23,7 +23,6 @@ from ..registry import by_name, load_object, load_optional
 from ..settings import Settings
 
 if TYPE_CHECKING:
-    from delta.tables import DeltaTable
     from pyspark.sql import DataFrame, SparkSession
 
 T = TypeVar("T")
@@ -44,16 +43,39 @@ class ReadModel:
 
 
 @dataclass(frozen=True)
+class Merge:
+    """How a batch's rows go into the table, as SQL over `t` (the table's row) and `s` (the
+    batch's row). One spec serves both of BatchWriter's writers, so the expressions keep
+    to what Spark SQL and delta-rs (DataFusion) read alike: columns, arithmetic,
+    comparisons, AND/OR, IS NULL, coalesce."""
+
+    on: str  # e.g. "t.account_id = s.account_id"
+    update: Mapping[str, str] = field(default_factory=dict)  # column -> expression, when matched
+    update_if: str | None = None
+    insert: Mapping[str, str] | None = None  # column -> expression when not matched; None: all, from `s`
+    insert_if: str | None = None
+    delete_if: str | None = None  # a matched row is deleted where this holds (before any update)
+
+
+@dataclass(frozen=True)
 class BatchWriter:
     """Idempotent writes of one micro-batch; `step` tells apart several writes of a batch.
 
-    Delta skips a write whose (txnAppId, txnVersion) it has committed already, so a batch
-    that Spark runs again after a crash writes nothing twice."""
+    Each write records (txnAppId, txnVersion) = (app id and step, batch id) in the Delta
+    log, and a write whose pair is there already is skipped, so a batch that Spark runs
+    again after a crash writes nothing twice.
+
+    Small batches are written by delta-rs on the driver: a Spark MERGE costs seconds of
+    fixed work (jobs to plan, schedule, and rebuild the table's snapshot after it), far
+    more than a few hundred rows need; delta-rs merges them in milliseconds. Big batches
+    (a catch-up) are written by Spark, on the executors. `on_driver` is the runner's
+    choice, by the batch's size."""
 
     spark: SparkSession
     app_id: str
     batch_id: int
     path: str  # the table's location: for appends, and for reading it beside a MERGE into it
+    on_driver: bool = False
 
     def read(self) -> DataFrame:
         """The table as a DataFrame of its own: a MERGE's source that reads the target
@@ -61,8 +83,25 @@ class BatchWriter:
         MERGE's conditions would then resolve ambiguously."""
         return self.spark.read.format("delta").load(self.path)
 
+    def merge(self, source: DataFrame, spec: Merge, step: str = "merge") -> int:
+        """`source` merged into the table as `spec` says; returns the rows inserted or updated."""
+        if self.on_driver:
+            return self._on_driver(step, lambda table, txn: _driver_merge(table, source, spec, txn))
+        return self.run(step, lambda: _spark_merged(_spark_merge(self.spark, self.path, source, spec).execute()))
+
+    def append(self, rows: DataFrame, step: str = "append") -> int:
+        """`rows` added to the table; returns how many."""
+        if self.on_driver:
+            return self._on_driver(step, lambda table, txn: _driver_append(table, rows, txn))
+        count = rows.count()
+        # A DataFrame write takes the transaction from its own options as well as from the
+        # session's settings (run's): both, so either reading holds.
+        txn = {"txnAppId": f"{self.app_id}.{step}", "txnVersion": str(self.batch_id)}
+        self.run(step, lambda: rows.write.format("delta").mode("append").options(**txn).save(self.path))
+        return count
+
     def run(self, step: str, write: Callable[[], T]) -> T:
-        """`write()`, made idempotent; returns what it returns (a MERGE's metrics row, say)."""
+        """`write()` (Spark's), made idempotent; returns what it returns."""
         conf = self.spark.conf
         conf.set("spark.databricks.delta.write.txnAppId", f"{self.app_id}.{step}")
         conf.set("spark.databricks.delta.write.txnVersion", str(self.batch_id))
@@ -72,6 +111,69 @@ class BatchWriter:
             conf.unset("spark.databricks.delta.write.txnAppId")
             conf.unset("spark.databricks.delta.write.txnVersion")
 
+    def _on_driver(self, step: str, write: Callable[[Any, Any], int]) -> int:
+        """`write(table, transaction)` with delta-rs, unless this batch's write is in the
+        log already. The check and the write are not atomic; they need not be, as one
+        streaming query is a table generation's only writer."""
+        from deltalake import DeltaTable, Transaction
+
+        app_id = f"{self.app_id}.{step}"
+        table = DeltaTable(self.path)
+        if (table.transaction_version(app_id) or -1) >= self.batch_id:
+            return 0
+        return write(table, Transaction(app_id, self.batch_id))
+
+
+def _spark_merge(spark: SparkSession, path: str, source: DataFrame, spec: Merge) -> Any:
+    from delta.tables import DeltaTable
+
+    merge = DeltaTable.forPath(spark, path).alias("t").merge(source.alias("s"), spec.on)
+    if spec.delete_if:
+        merge = merge.whenMatchedDelete(condition=spec.delete_if)
+    if spec.update:
+        merge = merge.whenMatchedUpdate(condition=spec.update_if, set=dict(spec.update))
+    if spec.insert is None:
+        return merge.whenNotMatchedInsertAll(condition=spec.insert_if)
+    return merge.whenNotMatchedInsert(condition=spec.insert_if or "true", values=dict(spec.insert))
+
+
+def _spark_merged(metrics: DataFrame) -> int:
+    """The rows a Spark MERGE inserted or updated, from the metrics row it returns
+    (counting the source again would run its whole plan once more)."""
+    row = metrics.first()
+    return 0 if row is None else int(row["num_inserted_rows"]) + int(row["num_updated_rows"])
+
+
+def _driver_merge(table: Any, source: DataFrame, spec: Merge, transaction: Any) -> int:
+    from deltalake import CommitProperties
+
+    rows = source.toArrow()
+    if not rows.num_rows:
+        return 0
+    merge = table.merge(
+        rows, spec.on, source_alias="s", target_alias="t",
+        commit_properties=CommitProperties(app_transactions=[transaction]),
+    )
+    if spec.delete_if:
+        merge = merge.when_matched_delete(predicate=spec.delete_if)
+    if spec.update:
+        merge = merge.when_matched_update(updates=dict(spec.update), predicate=spec.update_if)
+    if spec.insert is None:
+        merge = merge.when_not_matched_insert_all(predicate=spec.insert_if)
+    else:
+        merge = merge.when_not_matched_insert(updates=dict(spec.insert), predicate=spec.insert_if)
+    metrics = merge.execute()
+    return int(metrics["num_target_rows_inserted"]) + int(metrics["num_target_rows_updated"])
+
+
+def _driver_append(table: Any, rows: DataFrame, transaction: Any) -> int:
+    from deltalake import CommitProperties, write_deltalake
+
+    data = rows.toArrow()
+    if data.num_rows:
+        write_deltalake(table, data, mode="append", commit_properties=CommitProperties(app_transactions=[transaction]))
+    return int(data.num_rows)
+
 
 @dataclass(frozen=True)
 class Projection:
@@ -79,8 +181,8 @@ class Projection:
 
     model: ReadModel
     columns: str  # DDL, e.g. "account_id STRING, balance BIGINT"
-    # (spark, table, one batch of decoded events, writer) -> rows written
-    apply: Callable[[SparkSession, DeltaTable, DataFrame, BatchWriter], int]
+    # (one batch of decoded events, its writer) -> rows written, through writer.merge/append
+    apply: Callable[[DataFrame, BatchWriter], int]
 
 
 def configured_read_models(settings: Settings) -> dict[str, Projection]:

@@ -72,8 +72,10 @@ def read_rows(tables: Tables, model: ReadModel, filters: dict[str, str], limit: 
     for column, raw in filters.items():
         if column not in dataset.schema.names:
             raise BadFilter(f"{name} has no column {column!r}; columns: {', '.join(dataset.schema.names)}")
-        value = _convert(raw, dataset.schema.field(column).type, pa)
-        term = pc.field(column) == value
+        arrow_type = dataset.schema.field(column).type
+        # Compared as the table's type: delta-rs writes strings as string_view, Spark as
+        # string, and pyarrow compares neither with the other.
+        term = pc.field(column).cast(arrow_type) == _convert(raw, arrow_type, pa)
         condition = term if condition is None else condition & term
     table = dataset.to_table(filter=condition)
     if model.order_by:

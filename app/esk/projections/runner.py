@@ -42,6 +42,9 @@ TABLE_PROPERTIES = {
     "delta.deletedFileRetentionDuration": "interval 1 day",
 }
 VACUUM_EVERY_S = 3600.0  # a continuous run removes unreferenced files this often
+# Spark's auto compaction follows Spark's writes only: the small files of delta-rs's writes
+# are compacted (by delta-rs, in the batch, so never beside a write) every so many batches.
+DRIVER_COMPACT_EVERY = 50
 
 
 @dataclass
@@ -96,7 +99,11 @@ def run(
                 cached = upcast(raw, settings, categories).persist()
                 cached.count()
                 raw.unpersist()  # the upcast cache is built: it no longer needs this one
-            rows = projection.apply(spark, table, cached, BatchWriter(spark, app_id, batch_id, str(path))) if count else 0
+            on_driver = count <= settings.projections.driver_write_max_events
+            writer = BatchWriter(spark, app_id, batch_id, str(path), on_driver)
+            rows = projection.apply(cached, writer) if count else 0
+            if on_driver and batch_id % DRIVER_COMPACT_EVERY == 0:
+                _compact(str(path))
         finally:
             raw.unpersist()
             cached.unpersist()
@@ -136,6 +143,12 @@ def run(
         finally:
             query.stop()
     return summary
+
+
+def _compact(path: str) -> None:
+    from deltalake import DeltaTable
+
+    DeltaTable(path).optimize.compact()
 
 
 def _counts(batch: DataFrame, older: Column | None) -> tuple[int, int]:

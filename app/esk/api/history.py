@@ -1,0 +1,145 @@
+"""Every API instance keeps a local index of every event of every aggregate type, fed by the
+events topics: `GET /v1/{type}/{id}/events` reads an aggregate's history from it.
+
+The events topics keep everything (retention.ms=-1), so an index built from their
+beginning holds the whole history; it is read_committed, so an aborted event never shows.
+A read given a command's position (`after`) waits until the index has read past it: the
+command's events commit in its transaction, below that position.
+
+Keys sort an aggregate's events by version (`protocol.history_key`); values are the event
+records as on their topic, upcast when read, so a new upcaster applies to what was indexed
+before it. The positions the index reflects are ordinary keys of the same store
+(`o/<topic>/<partition>`), written in the same write as the events they cover.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from aiokafka import TopicPartition
+
+from ..kafka.metadata import topic_partitions
+from ..kafka.topics import TopicNames
+from ..metrics import HISTORY_POSITION
+from ..projections.positions import Positions
+from ..protocol import DecodeError, EventRecord, history_key, history_prefix, prefix_end
+from ..registry import Registry
+from ..settings import Settings
+from ..state.resources import StoreResources
+from ..state.store import RocksDBStore, StateStore
+from .follower import Batches, Offsets, TopicFollower
+
+log = logging.getLogger(__name__)
+
+OFFSET_PREFIX = b"o/"
+
+
+def offset_key(tp: TopicPartition) -> bytes:
+    # Topic names hold no "/" (Kafka allows letters, digits, ".", "_" and "-").
+    return OFFSET_PREFIX + f"{tp.topic}/{tp.partition}".encode()
+
+
+def history_updates(store: StateStore, batches: Batches, offsets: Offsets) -> dict[bytes, bytes | None]:
+    """What a fetch of events amounts to in the index, offsets included.
+
+    An aggregate that expired and was created anew starts again at version 1, and its
+    events topic then holds a second history for the same id: like its state, its history
+    is the new one's, so a version 1 drops whatever the index holds of the earlier one."""
+    updates: dict[bytes, bytes | None] = {}
+    fetched: dict[bytes, list[bytes]] = {}  # aggregate's prefix -> its keys in this fetch
+    for tp, records in batches.items():
+        for record in records:
+            try:
+                event = EventRecord.decode(record.value)
+                key = history_key(event.aggregate_type, event.aggregate_id, event.version)
+            except (DecodeError, OverflowError) as error:  # not written by esk: nothing to show
+                log.warning("history index: %s[%d]@%d left out (%s)", tp.topic, tp.partition, record.offset, error)
+                continue
+            prefix = history_prefix(event.aggregate_type, event.aggregate_id)
+            if event.version == 1:
+                for earlier in fetched.pop(prefix, ()):
+                    updates[earlier] = None
+                for earlier, _ in store.scan(prefix, prefix_end(prefix)):
+                    updates[earlier] = None
+            updates[key] = record.value
+            fetched.setdefault(prefix, []).append(key)
+    for tp, offset in offsets.items():
+        updates[offset_key(tp)] = struct.pack(">q", offset)
+    return updates
+
+
+class EventHistory(TopicFollower):
+    def __init__(self, settings: Settings, registry: Registry) -> None:
+        path = Path(settings.api.state_dir) / f"{settings.app}.history"
+        super().__init__(settings, path, StoreResources(settings.api.history_memory_budget_mb), "history", "api-history")
+        self.registry = registry
+        names = TopicNames(settings.app)
+        self.topics = frozenset(names.events(name) for name in registry)
+
+    async def partitions(self) -> list[TopicPartition]:
+        return [TopicPartition(topic, p) for topic in sorted(self.topics) for p in await topic_partitions(self.settings, topic)]
+
+    def stored_offsets(self, store: RocksDBStore) -> Offsets:
+        offsets: Offsets = {}
+        for key, value in store.scan(OFFSET_PREFIX, prefix_end(OFFSET_PREFIX)):
+            topic, _, partition = key[len(OFFSET_PREFIX):].decode().rpartition("/")
+            offsets[TopicPartition(topic, int(partition))] = struct.unpack(">q", value)[0]
+        return offsets
+
+    def write(self, store: RocksDBStore, batches: Batches, offsets: Offsets) -> Iterable[bytes]:
+        store.write(history_updates(store, batches, offsets), {})
+        return ()  # nobody waits on a key of the index: reads wait on its positions (moved)
+
+    def written(self, offsets: Offsets) -> None:
+        for tp, offset in offsets.items():
+            HISTORY_POSITION.labels(tp.topic, str(tp.partition)).set(offset)
+
+    # -- reads -------------------------------------------------------------------
+
+    def positions(self) -> Positions:
+        return {(tp.topic, tp.partition): offset for tp, offset in self.offsets().items()}
+
+    async def current_positions(self) -> Positions:
+        return self.positions()
+
+    def events(self, aggregate_type: str, aggregate_id: str) -> list[dict[str, Any]]:
+        """The aggregate's events in version order, as the HTTP API shows them: `data` in
+        its event type's current schema where the domain's upcasters can bring it there."""
+        store = self.store
+        if store is None:
+            return []
+        prefix = history_prefix(aggregate_type, aggregate_id)
+        aggregate = self.registry.get(aggregate_type)
+        events = []
+        for key, value in store.scan(prefix, prefix_end(prefix)):
+            if len(key) != len(prefix) + 8:
+                continue  # an id with "/" that no command could have (a foreign writer's)
+            event = EventRecord.decode(value)
+            data, schema_version = event.data, event.schema_version
+            if aggregate is not None:
+                try:
+                    current = aggregate.event_type(event.type).schema_version
+                    if schema_version < current:
+                        data, schema_version = aggregate.upcast(event.type, schema_version, data), current
+                except Exception as error:  # the domain's code: the event is still shown, as stored
+                    log.warning("history of %s %r: %s v%d shown as stored (%r)", aggregate_type, aggregate_id, event.type, schema_version, error)
+            events.append({
+                "event_id": event.event_id,
+                "type": event.type,
+                "version": event.version,
+                "schema_version": schema_version,
+                "recorded_at": event.recorded_at,
+                "command_id": event.command_id,
+                "data": data,
+            })
+        return events
+
+    async def read(self, aggregate_type: str, aggregate_id: str) -> list[dict[str, Any]]:
+        # Off the event loop: a long history decodes (and upcasts) for a while, and the loop
+        # takes every command the API serves.
+        return await asyncio.to_thread(self.events, aggregate_type, aggregate_id)

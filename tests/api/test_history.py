@@ -1,0 +1,379 @@
+"""An aggregate's history (`GET /v1/{type}/{id}/events`) from the history index every API
+instance keeps of the events topics: no batch job, the user's own domain, read-your-writes.
+
+The key order, what a fetch writes and the waiting of a read are pure logic, tested without
+Kafka; the rest runs one system (broker, processor, API) for the module, over a small
+domain of a user's own (`counters`, with an upcaster) and no read models at all."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka.structs import ConsumerRecord
+from pydantic import BaseModel, Field
+
+from esk import AggregateType, Command, Decision, Event
+from esk.api.history import EventHistory, offset_key
+from esk.api.problems import Problem
+from esk.api.read_after import ReadAfter
+from esk.broker import EmbeddedBroker
+from esk.kafka.client_options import client_options
+from esk.projections.catalog import Projection
+from esk.projections.positions import Position, Positions
+from esk.protocol import EventRecord, aggregate_key, history_key, history_prefix, prefix_end
+from esk.settings import Settings
+from esk.state.resources import StoreResources
+from esk.state.store import RocksDBStore
+from tests.conftest import own_settings
+from tests.system import System, api_app, events_topic, read_topic, system, wait_for, with_state_dirs
+
+# -- the user's domain ---------------------------------------------------------------
+
+
+class Start(Command):
+    pass
+
+
+class Add(Command):
+    n: int = Field(gt=0)
+
+
+class Started(Event):
+    pass
+
+
+class Added(Event):
+    schema_version = 2  # v1 said "amount"
+    n: int
+
+
+class Counter(BaseModel):
+    total: int = 0
+
+
+def decide(state: Counter | None, command: Command) -> Decision:
+    return [Added(n=command.n)] if isinstance(command, Add) else [Started()]
+
+
+def evolve(state: Counter | None, event: Event) -> Counter:
+    if isinstance(event, Added):
+        assert state is not None
+        return Counter(total=state.total + event.n)
+    return Counter()
+
+
+counters = AggregateType(
+    name="counters", state=Counter, commands={"start": Start, "add": Add}, creates=frozenset({Start}),
+    events=[Started, Added], decide=decide, evolve=evolve, upcasters={("Added", 1): lambda v1: {"n": v1["amount"]}},
+)
+AGGREGATES = [counters]
+READ_MODELS: list[Projection] = []
+
+# -- pure logic ----------------------------------------------------------------------
+
+
+def test_an_aggregates_keys_sort_by_version_and_hold_no_other_aggregates() -> None:
+    versions = [10, 2, 1, 256, 9, 11, 65_536]
+    keys = [history_key("counters", "c1", v) for v in versions]
+    assert sorted(keys) == [history_key("counters", "c1", v) for v in sorted(versions)]
+    prefix = history_prefix("counters", "c1")
+    assert all(prefix <= key < prefix_end(prefix) for key in keys)
+    others = [history_key("counters", "c10", 1), history_key("counters", "c", 1), history_key("counter", "c1", 1)]
+    assert not any(prefix <= key < prefix_end(prefix) for key in [*others, aggregate_key("counters", "c1")])
+
+
+TOPIC = "shop.counters.events"
+TP = TopicPartition(TOPIC, 0)
+
+
+def event(aggregate_id: str, version: int, type_name: str = "Added", data: dict[str, Any] | None = None, schema_version: int = 2) -> bytes:
+    """An event record as the processor writes it (an Added adds its version, by default)."""
+    if data is None:
+        data = {"n": version} if type_name == "Added" else {}
+    return EventRecord(
+        f"counters/{aggregate_id}/{version}/{uuid.uuid4().hex[:6]}", "counters", aggregate_id, version, type_name,
+        schema_version, data, "cmd", "corr", "cmd", 1_700_000_000_000 + version,
+    ).encode()
+
+
+def fetched(*values: bytes, offset: int = 0) -> dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]:
+    return {TP: [
+        ConsumerRecord(
+            topic=TOPIC, partition=0, offset=offset + n, timestamp=0, timestamp_type=0, key=b"", value=value,
+            checksum=None, serialized_key_size=0, serialized_value_size=0, headers=[],
+        )
+        for n, value in enumerate(values)
+    ]}
+
+
+@pytest.fixture
+def index(tmp_path: Path) -> Iterator[EventHistory]:
+    history = EventHistory(Settings(app="shop", api={"state_dir": tmp_path}, _env_file=None), {"counters": counters})
+    history.store = RocksDBStore(history.path, StoreResources(16))
+    yield history
+    history.store.close()
+
+
+def test_a_fetch_is_indexed_with_its_offsets_and_an_aggregate_created_anew_starts_over(index: EventHistory) -> None:
+    store = index.store
+    assert store is not None
+    index.write(store, fetched(event("c1", 1, "Started"), event("c1", 2), b"not an event", event("c1", 3)), {TP: 4})
+    assert [e["version"] for e in index.events("counters", "c1")] == [1, 2, 3]
+    assert index.stored_offsets(store) == {TP: 4}
+
+    # c1 expired and was created again: its topic holds a second history from version 1,
+    # which replaces the first, in the store and within one fetch alike.
+    again = [event("c1", 1, "Started"), event("c1", 2), event("c2", 1, "Started"), event("c2", 2), event("c2", 1, "Started")]
+    index.write(store, fetched(*again, offset=4), {TP: 9})
+    assert [(e["version"], e["event_id"]) for e in index.events("counters", "c1")] == [
+        (v, EventRecord.decode(again[n]).event_id) for n, v in ((0, 1), (1, 2))
+    ]
+    assert [(e["version"], e["event_id"]) for e in index.events("counters", "c2")] == [(1, EventRecord.decode(again[4]).event_id)]
+    assert index.stored_offsets(store) == {TP: 9}
+    assert index.events("counters", "c3") == []
+
+
+def test_events_are_shown_in_their_types_current_schema(index: EventHistory) -> None:
+    assert index.store is not None
+    legacy = [
+        event("old", 1, "Started", schema_version=1),
+        event("old", 2, data={"amount": 7}, schema_version=1),
+        event("old", 3, "Renamed", {"to": "x"}, schema_version=1),  # no longer a type of the domain
+    ]
+    index.write(index.store, fetched(*legacy), {TP: 3})
+    shown = index.events("counters", "old")
+    assert [(e["type"], e["schema_version"], e["data"]) for e in shown] == [
+        ("Started", 1, {}), ("Added", 2, {"n": 7}), ("Renamed", 1, {"to": "x"}),
+    ]
+    assert set(shown[0]) == {"event_id", "type", "version", "schema_version", "recorded_at", "command_id", "data"}
+
+
+def test_a_reads_after_and_wait() -> None:
+    token = f"{TOPIC}/0/5"
+    assert ReadAfter.of([], None, 30).wait_s == 0
+    assert ReadAfter.of([token], None, 30) == ReadAfter([Position(TOPIC, 0, 5)], 5.0)
+    assert ReadAfter.of([token], 60_000, 30).wait_s == 30
+    for tokens, wait_ms, code in (([token], -1, "invalid_wait"), (["nonsense"], None, "invalid_position")):
+        with pytest.raises(Problem) as refused:
+            ReadAfter.of(tokens, wait_ms, 30)
+        assert refused.value.status == 400 and refused.value.code == code
+    ReadAfter.of([token], None, 30).check_topics("it", {TOPIC})
+    with pytest.raises(Problem) as foreign:
+        ReadAfter.of([token, "other/0/1"], None, 30).check_topics("it", {TOPIC})
+    assert foreign.value.code == "invalid_position" and "other/0/1" in foreign.value.detail
+
+
+async def test_a_waiting_read_answers_when_told_of_a_move_and_gives_up_at_its_bound() -> None:
+    positions: Positions = {(TOPIC, 0): 3}
+    moves: list[asyncio.Future[None]] = []
+
+    async def current() -> Positions:
+        return dict(positions)
+
+    def moved() -> asyncio.Future[None]:
+        moves.append(asyncio.get_running_loop().create_future())
+        return moves[-1]
+
+    loop = asyncio.get_running_loop()
+    waiting = asyncio.create_task(ReadAfter([Position(TOPIC, 0, 5)], 10.0).reflected("it", current, moved))
+    await asyncio.sleep(0.05)
+    positions[TOPIC, 0] = 5
+    moves[-1].set_result(None)
+    started = loop.time()
+    assert await waiting == {(TOPIC, 0): 5}
+    assert loop.time() - started < 0.05  # woken, not polled
+    assert all(move.done() for move in moves)  # none left behind
+
+    started = loop.time()
+    with pytest.raises(Problem) as late:
+        await ReadAfter([Position(TOPIC, 0, 9)], 0.2).reflected("it", current)
+    assert late.value.status == 503 and late.value.code == "not_caught_up"
+    assert late.value.extra["positions"] == [{"topic": TOPIC, "partition": 0, "offset": 5, "token": f"{TOPIC}/0/5"}]
+    assert 0.2 <= loop.time() - started < 1
+
+
+# -- against the broker --------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+async def shop(broker: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[System]:
+    settings = own_settings(broker, tmp_path_factory.mktemp("history")).model_copy(
+        update={"domain": f"{__name__}:AGGREGATES", "read_models": f"{__name__}:READ_MODELS"}
+    )
+    async with system(settings) as s:
+        await wait_for(s.apps[0].state.history.ready.is_set, what="history index caught up")
+        yield s
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+async def count_to(s: System, counter: str, adds: int) -> str:
+    """Start a counter and add 1..adds to it; the last answer's position token."""
+    r = await s.client.post(f"/v1/counters/{counter}/start", json={})
+    assert r.status_code == 200, r.text
+    for n in range(1, adds + 1):
+        r = await s.client.post(f"/v1/counters/{counter}/add", json={"n": n})
+        assert r.status_code == 200, r.text
+    token: str = r.json()["position"]["token"]
+    return token
+
+
+@pytest.mark.kafka
+async def test_a_commands_events_show_at_once_in_version_order(shop: System) -> None:
+    counter = new_id()
+    token = await count_to(shop, counter, 11)
+    asked = time.monotonic()
+    r = await shop.client.get(f"/v1/counters/{counter}/events", params={"after": token})
+    assert r.status_code == 200, r.text
+    assert time.monotonic() - asked < 2
+    body = r.json()
+    assert (body["type"], body["id"]) == ("counters", counter)
+    assert [(e["version"], e["type"], e["data"]) for e in body["events"]] == [(1, "Started", {})] + [
+        (n + 1, "Added", {"n": n}) for n in range(1, 12)
+    ]
+    on_topic = [v for k, v, _ in await read_topic(shop.settings, events_topic(shop.settings, "counters")) if k == counter.encode()]
+    fields = ("event_id", "type", "version", "schema_version", "recorded_at", "command_id", "data")
+    assert body["events"] == [{f: e[f] for f in fields} for e in on_topic]
+    position = Position.parse(token)
+    reached = {(p["topic"], p["partition"]): p["offset"] for p in body["positions"]}
+    assert reached[position.topic, position.partition] >= position.offset
+
+    r = await shop.client.get(f"/v1/counters/{new_id()}/events")
+    assert r.status_code == 404 and r.json()["code"] == "not_found"
+    r = await shop.client.get(f"/v1/nope/{counter}/events")
+    assert r.status_code == 404 and r.json()["code"] == "unknown_aggregate_type"
+
+
+@pytest.mark.kafka
+async def test_a_read_after_a_position_waits_for_the_index_and_says_when_it_did_not(shop: System) -> None:
+    counter = new_id()
+    token = await count_to(shop, counter, 1)
+    position = Position.parse(token)
+    url = f"/v1/counters/{counter}/events"
+
+    r = await shop.client.get(url, params={"after": f"{position.topic}/{position.partition}/{10**12}", "wait_ms": 200})
+    assert r.status_code == 503 and r.json()["code"] == "not_caught_up", r.text
+    assert r.headers["retry-after"] == "1" and r.json()["positions"]
+
+    # A read waiting for what the next command writes answers once the index has it.
+    r = await shop.client.get(url, params={"after": token})
+    reached = {(p["topic"], p["partition"]): p["offset"] for p in r.json()["positions"]}
+    following = f"{position.topic}/{position.partition}/{reached[position.topic, position.partition] + 1}"
+    waiting = asyncio.create_task(shop.client.get(url, params={"after": following, "wait_ms": 20_000}))
+    await asyncio.sleep(0.3)
+    assert not waiting.done()
+    added = await shop.client.post(f"/v1/counters/{counter}/add", json={"n": 5})
+    answered = time.monotonic()
+    r = await asyncio.wait_for(waiting, 10)
+    assert r.status_code == 200, r.text
+    assert time.monotonic() - answered < 2
+    assert [e["version"] for e in r.json()["events"]] == [1, 2, 3] == list(range(1, added.json()["version"] + 1))
+
+    for after in (f"{shop.settings.app}.changelog/0/1", "t-other.counters.events/0/1", "nonsense"):
+        r = await shop.client.get(url, params={"after": after})
+        assert r.status_code == 400 and r.json()["code"] == "invalid_position", (after, r.text)
+    r = await shop.client.get(url, params={"after": token, "wait_ms": -1})
+    assert r.status_code == 400 and r.json()["code"] == "invalid_wait"
+
+
+@pytest.mark.kafka
+async def test_old_schema_versions_are_upcast_and_aborted_events_never_show(shop: System) -> None:
+    topic = events_topic(shop.settings, "counters")
+    legacy, ghost = new_id(), new_id()
+
+    def written(aggregate_id: str, version: int, type_name: str, data: dict[str, Any]) -> bytes:
+        return orjson.dumps({
+            "event_id": f"counters/{aggregate_id}/{version}", "aggregate_type": "counters", "aggregate_id": aggregate_id,
+            "version": version, "type": type_name, "schema_version": 1, "data": data, "command_id": "x",
+            "correlation_id": "x", "causation_id": "x", "recorded_at": 1_700_000_000_000,
+        })
+
+    producer = AIOKafkaProducer(**client_options(shop.settings), transactional_id=f"legacy-{uuid.uuid4()}")
+    await producer.start()
+    try:
+        await producer.begin_transaction()
+        aborted = await producer.send_and_wait(topic, written(ghost, 1, "Started", {}), key=ghost.encode())
+        await producer.abort_transaction()
+        async with producer.transaction():  # written by an older release: Added v1 said "amount"
+            await producer.send_and_wait(topic, written(legacy, 1, "Started", {}), key=legacy.encode())
+            last = await producer.send_and_wait(topic, written(legacy, 2, "Added", {"amount": 7}), key=legacy.encode())
+    finally:
+        await producer.stop()
+
+    after = [f"{topic}/{last.partition}/{last.offset + 1}", f"{topic}/{aborted.partition}/{aborted.offset + 1}"]
+    r = await shop.client.get(f"/v1/counters/{legacy}/events", params={"after": after})
+    assert r.status_code == 200, r.text
+    assert [(e["type"], e["schema_version"], e["data"]) for e in r.json()["events"]] == [("Started", 1, {}), ("Added", 2, {"n": 7})]
+    r = await shop.client.get(f"/v1/counters/{ghost}/events", params={"after": after})
+    assert r.status_code == 404 and r.json()["code"] == "not_found", r.text
+
+
+@pytest.mark.kafka
+async def test_a_restarted_api_resumes_its_index(shop: System, caplog: pytest.LogCaptureFixture) -> None:
+    counter = new_id()
+    await count_to(shop, counter, 2)
+    own = with_state_dirs(shop.settings, "restarted")
+    async with api_app(own, shop.registry) as (app, client):
+        await wait_for(app.state.history.ready.is_set, what="history index caught up")
+        before = (await client.get(f"/v1/counters/{counter}/events")).json()["events"]
+        assert [e["version"] for e in before] == [1, 2, 3]
+
+        # While the index has not caught up since the start (made to look so here), reads
+        # are refused rather than answered from part of the history.
+        app.state.history.ready.clear()
+        r = await client.get(f"/v1/counters/{counter}/events")
+        assert r.status_code == 503 and r.json()["code"] == "history_catching_up", r.text
+        assert r.headers["retry-after"] == "1" and r.json()["positions"]
+        app.state.history.ready.set()
+
+    token = (await shop.client.post(f"/v1/counters/{counter}/add", json={"n": 9})).json()["position"]["token"]
+    caplog.set_level(logging.INFO, logger="esk.api.follower")
+    caplog.clear()
+    async with api_app(own, shop.registry) as (app, client):
+        await wait_for(app.state.history.ready.is_set, what="history index caught up")
+        r = await client.get(f"/v1/counters/{counter}/events", params={"after": token})
+        assert r.status_code == 200, r.text
+        assert r.json()["events"][:3] == before
+        assert [e["version"] for e in r.json()["events"]] == [1, 2, 3, 4]
+    # It read only what was written while it was down: the event of that one command.
+    [caught_up] = [m for m in caplog.messages if m.startswith("the API's history caught up")]
+    assert caught_up.startswith("the API's history caught up (1 records"), caught_up
+
+    # An index that claims offsets its topics never had (the topics were recreated) is
+    # rebuilt from their beginning, not trusted.
+    index = EventHistory(own, shop.registry)
+    store = RocksDBStore(index.path, StoreResources(16))
+    store.write({offset_key(TopicPartition(events_topic(own, "counters"), 0)): struct.pack(">q", 10**9)}, {})
+    store.close()
+    caplog.clear()
+    async with api_app(own, shop.registry) as (app, client):
+        await wait_for(app.state.history.ready.is_set, what="history index rebuilt")
+        r = await client.get(f"/v1/counters/{counter}/events")
+        assert [e["version"] for e in r.json()["events"]] == [1, 2, 3, 4]
+    assert any("history is beyond the end" in m for m in caplog.messages), caplog.messages
+
+
+@pytest.mark.kafka
+async def test_an_api_without_the_history_index_says_so(shop: System) -> None:
+    counter = new_id()
+    await count_to(shop, counter, 0)
+    own = with_state_dirs(shop.settings, "no-history")
+    own = own.model_copy(update={"api": own.api.model_copy(update={"history": False})})
+    async with api_app(own, shop.registry) as (app, client):
+        assert app.state.history is None
+        assert (await client.get(f"/v1/counters/{counter}", params={"min_version": 1})).status_code == 200
+        r = await client.get(f"/v1/counters/{counter}/events")
+        assert r.status_code == 404 and r.json()["code"] == "history_disabled", r.text
+    assert not (Path(own.api.state_dir) / f"{own.app}.history").exists()
