@@ -136,7 +136,9 @@ class ProjectionSettings(BaseModel):
     spark_master: str = "local[2]"
     driver_memory: str = "1g"
     shuffle_partitions: int = 4
-    trigger_interval_s: float = 5.0
+    # How often `--continuous` looks for new events: a small batch takes about a second
+    # (docs/benchmarks.md), and a look that finds none costs one offsets request.
+    trigger_interval_s: float = 0.5
     max_offsets_per_trigger: int | None = None
     # Batches of up to this many events are written by delta-rs on the driver, bigger ones
     # by Spark on the executors (projections.catalog.BatchWriter); 0: always Spark.

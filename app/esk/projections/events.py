@@ -77,6 +77,9 @@ def ddl(schema: StructType) -> str:
     return ", ".join(f"{column.name} {column.dataType.simpleString()}" for column in schema.fields)
 
 
+FETCH_MAX_WAIT_MS = 10
+
+
 def kafka_source_options(settings: Settings) -> dict[str, str]:
     """Spark's Kafka source takes the Java consumer's settings with a `kafka.` prefix: the
     same ESK_KAFKA__* settings as esk's own clients, translated."""
@@ -84,6 +87,11 @@ def kafka_source_options(settings: Settings) -> dict[str, str]:
     options = {
         "kafka.bootstrap.servers": settings.bootstrap_servers,
         "kafka.isolation.level": "read_committed",
+        # A task reads a fixed offset range. One that ends in a transaction's commit marker
+        # (the processor's ranges all do) asks for one more fetch after its last record,
+        # which the broker holds for fetch.max.wait.ms, 500 ms by default, as nothing
+        # comes: a few tasks' worth of that on every micro-batch, however small.
+        "kafka.fetch.max.wait.ms": str(FETCH_MAX_WAIT_MS),
         "kafka.security.protocol": k.security_protocol,
     }
     if k.security_protocol in ("SSL", "SASL_SSL"):

@@ -42,6 +42,7 @@ TABLE_PROPERTIES = {
     "delta.deletedFileRetentionDuration": "interval 1 day",
 }
 VACUUM_EVERY_S = 3600.0  # a continuous run removes unreferenced files this often
+LAG_REPORT_EVERY_S = 10  # and logs its lag this often
 # Spark's auto compaction follows Spark's writes only: the small files of delta-rs's writes
 # are compacted (by delta-rs, in the batch, so never beside a write) every so many batches.
 DRIVER_COMPACT_EVERY = 50
@@ -130,7 +131,7 @@ def run(
         vacuumed = time.monotonic()
         try:
             while query.isActive:
-                query.awaitTermination(round(settings.projections.trigger_interval_s * 2))
+                query.awaitTermination(max(LAG_REPORT_EVERY_S, round(settings.projections.trigger_interval_s * 2)))
                 summary.lag = _lag(query.lastProgress)
                 console.print(f"{name} lag per partition: {summary.lag or 'none'}", highlight=False)
                 if time.monotonic() - vacuumed > VACUUM_EVERY_S:
