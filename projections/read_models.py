@@ -9,8 +9,7 @@ from pyspark.sql import functions as F
 
 from domain.accounts import Closed, Deposited, Opened, Withdrawn, accounts
 from domain.orders import Cancelled, Deleted, LineAdded, Placed, Shipped, orders
-from esk.projections.catalog import BatchWriter, Merge, Projection, ReadModel
-from esk.projections.events import ENVELOPE, ddl, is_event, of, payload
+from esk import ENVELOPE, BatchWriter, Merge, Projection, ReadModel, ddl, is_event, of, payload
 
 RECENT_ORDERS = 30
 

@@ -1,6 +1,7 @@
 """Read-your-writes against the real broker, processor, API and a Spark read model: a read
 given a command answer's position waits until the read model reflects that command, and
-says so when it does not in time."""
+says so when it does not in time; and a new user's own read model, over their own domain
+and written with `import esk` alone, run continuously, shows a command's row."""
 
 from __future__ import annotations
 
@@ -12,13 +13,17 @@ import pytest
 
 pyspark = pytest.importorskip("pyspark")
 
-from pyspark.sql import SparkSession  # noqa: E402
+from pyspark.sql import DataFrame, SparkSession  # noqa: E402
+from pyspark.sql import functions as F  # noqa: E402
 
+import esk  # noqa: E402
+from esk.projections.catalog import Tables  # noqa: E402
 from esk.projections.runner import run  # noqa: E402
 from esk.projections.session import spark_session  # noqa: E402
 from esk.settings import Settings  # noqa: E402
 from projections.read_models import READ_MODELS  # noqa: E402
-from tests.system import system  # noqa: E402
+from tests.counters import Added, counters  # noqa: E402
+from tests.system import system, wait_for  # noqa: E402
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
@@ -69,3 +74,66 @@ async def test_a_read_after_a_commands_position_shows_that_command(settings: Set
         reflected = {(p["topic"], p["partition"]): p["offset"] for p in r.json()["positions"]}
         position = deposited.json()["position"]
         assert reflected[position["topic"], position["partition"]] >= position["offset"]
+
+
+# -- a new user's read model ----------------------------------------------------------
+
+
+def _counter_totals(events: DataFrame, writer: esk.BatchWriter) -> int:
+    added = esk.payload(counters, Added)
+    rows = (
+        events.filter(esk.of(counters))
+        .groupBy(F.col("aggregate_id").alias("counter_id"))
+        .agg(F.sum(F.coalesce(added["n"], F.lit(0))).alias("total"), F.max("version").alias("version"))
+    )
+    return writer.merge(
+        rows,
+        esk.Merge(
+            on="t.counter_id = s.counter_id",
+            update={"total": "t.total + s.total", "version": "s.version"},
+            update_if="s.version > t.version",
+        ),
+    )
+
+
+USER_READ_MODELS = [
+    esk.Projection(
+        esk.ReadModel("counter_totals", (counters,), "each counter's total", order_by=("counter_id",)),
+        "counter_id STRING, total BIGINT, version BIGINT",
+        _counter_totals,
+    )
+]
+
+
+async def test_a_users_own_read_model_runs_continuously_and_shows_a_commands_row(
+    settings: Settings, spark: SparkSession, tmp_path: Path
+) -> None:
+    settings = settings.model_copy(
+        update={
+            "domain": "tests.counters:AGGREGATES",
+            "read_models": f"{__name__}:USER_READ_MODELS",
+            "projections": settings.projections.model_copy(update={"warehouse_dir": tmp_path / "warehouse"}),
+            "api": settings.api.model_copy(update={"read_wait_max_s": 120}),  # a Spark run on a busy machine
+        }
+    )
+    [totals] = USER_READ_MODELS
+    tables = Tables(settings.projections.warehouse_dir)
+    async with system(settings) as s:
+        assert (await s.client.post("/v1/counters/c1/start", json={})).status_code == 200
+        running = asyncio.create_task(asyncio.to_thread(run, settings, totals, continuous=True, spark=spark))
+        try:
+            await wait_for(lambda: tables.current_generation("counter_totals") is not None, timeout_s=300, what="the table built")
+            for n in (1, 2, 3):
+                added = await s.client.post("/v1/counters/c1/add", json={"n": n})
+                assert added.status_code == 200, added.text
+            token = added.json()["position"]["token"]
+            r = await s.client.get(
+                "/v1/projections/counter_totals", params={"counter_id": "c1", "after": token, "wait_ms": 120_000}, timeout=150
+            )
+            assert r.status_code == 200, r.text
+            assert r.json()["rows"] == [{"counter_id": "c1", "total": 6, "version": 4}]
+        finally:
+            for query in spark.streams.active:
+                query.stop()
+            summary = await asyncio.wait_for(running, 120)
+    assert summary.events == 4

@@ -19,51 +19,9 @@ from esk.kafka.topics import TopicNames, ensure_topics, topic_specs
 from esk.protocol import CommandEnvelope
 from esk.settings import Settings
 
-COUNTERS_MODULE = """
-        from pydantic import BaseModel, Field
-
-        from esk import AggregateType, Command, Decision, Event
-
-
-        class Start(Command):
-            pass
-
-
-        class Add(Command):
-            n: int = Field(gt=0)
-
-
-        class Started(Event):
-            pass
-
-
-        class Added(Event):
-            n: int
-
-
-        class Counter(BaseModel):
-            total: int = 0
-
-
-        def decide(state: Counter | None, command: Command) -> Decision:
-            if isinstance(command, Add):
-                return [Added(n=command.n)]
-            return [Started()]
-
-
-        def evolve(state: Counter | None, event: Event) -> Counter:
-            if isinstance(event, Added):
-                assert state is not None
-                return Counter(total=state.total + event.n)
-            return Counter()
-
-
-        counters = AggregateType(
-            name="counters", state=Counter, commands={"start": Start, "add": Add}, creates=frozenset({Start}),
-            events=[Started, Added], decide=decide, evolve=evolve,
-        )
-        AGGREGATES = [counters]
-"""
+# The project's domain module: the same counters the in-process tests use (tests/counters.py),
+# written into the project as its own file.
+COUNTERS_MODULE = (Path(__file__).parent.parent / "counters.py").read_text()
 
 
 class UserProject:

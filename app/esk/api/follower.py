@@ -159,7 +159,13 @@ class TopicFollower(ABC):
                     moved[tp] = position
             if not moved:
                 continue
-            keys = self.write(self.store, batches, moved)
+            if behind:
+                # Catching up is a long run of big writes (a whole history, at an instance's
+                # start): in a thread, so the event loop goes on answering commands while
+                # it lasts. Afterwards each fetch is small and waited for: written inline.
+                keys = await asyncio.to_thread(self.write, self.store, batches, moved)
+            else:
+                keys = self.write(self.store, batches, moved)
             self._offsets.update(moved)  # only now: whoever sees an offset finds its data
             self._wake(keys)
             self.written(moved)

@@ -49,9 +49,10 @@ def history_updates(store: StateStore, batches: Batches, offsets: Offsets) -> di
 
     An aggregate that expired and was created anew starts again at version 1, and its
     events topic then holds a second history for the same id: like its state, its history
-    is the new one's, so a version 1 drops whatever the index holds of the earlier one."""
-    updates: dict[bytes, bytes | None] = {}
-    fetched: dict[bytes, list[bytes]] = {}  # aggregate's prefix -> its keys in this fetch
+    is the new one's, so a version 1 drops whatever the index holds of the earlier one.
+    Whether there is an earlier one is a point lookup of its version 1 (one call for the
+    fetch); only then is its range scanned, which costs far more, once per new aggregate."""
+    decoded: list[tuple[bytes, bytes, EventRecord]] = []
     for tp, records in batches.items():
         for record in records:
             try:
@@ -60,14 +61,20 @@ def history_updates(store: StateStore, batches: Batches, offsets: Offsets) -> di
             except (DecodeError, OverflowError) as error:  # not written by esk: nothing to show
                 log.warning("history index: %s[%d]@%d left out (%s)", tp.topic, tp.partition, record.offset, error)
                 continue
-            prefix = history_prefix(event.aggregate_type, event.aggregate_id)
-            if event.version == 1:
-                for earlier in fetched.pop(prefix, ()):
-                    updates[earlier] = None
-                for earlier, _ in store.scan(prefix, prefix_end(prefix)):
-                    updates[earlier] = None
-            updates[key] = record.value
-            fetched.setdefault(prefix, []).append(key)
+            decoded.append((key, record.value, event))
+    earlier = store.get_many([key for key, _, event in decoded if event.version == 1])
+    updates: dict[bytes, bytes | None] = {}
+    fetched: dict[bytes, list[bytes]] = {}  # aggregate's prefix -> its keys in this fetch
+    for key, value, event in decoded:
+        prefix = history_prefix(event.aggregate_type, event.aggregate_id)
+        if event.version == 1:
+            for dropped in fetched.pop(prefix, ()):
+                updates[dropped] = None
+            if earlier.get(key) is not None:
+                for dropped, _ in store.scan(prefix, prefix_end(prefix)):
+                    updates[dropped] = None
+        updates[key] = value
+        fetched.setdefault(prefix, []).append(key)
     for tp, offset in offsets.items():
         updates[offset_key(tp)] = struct.pack(">q", offset)
     return updates

@@ -24,6 +24,7 @@ from ..settings import Settings
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
 
 T = TypeVar("T")
 
@@ -87,18 +88,30 @@ class BatchWriter:
         """`source` merged into the table as `spec` says; returns the rows inserted or updated."""
         if self.on_driver:
             return self._on_driver(step, lambda table, txn: _driver_merge(table, source, spec, txn))
+        if _empty(self.path):
+            # Nothing to match (a new table's catch-up): the MERGE would insert what its
+            # insert clause takes, at the cost of a join with the table and a copy of the
+            # source; an append does it in one pass.
+            return self.append(_inserted(source, spec, self.read().schema), step)
         return self.run(step, lambda: _spark_merged(_spark_merge(self.spark, self.path, source, spec).execute()))
 
     def append(self, rows: DataFrame, step: str = "append") -> int:
         """`rows` added to the table; returns how many."""
         if self.on_driver:
             return self._on_driver(step, lambda table, txn: _driver_append(table, rows, txn))
-        count = rows.count()
+        from deltalake import DeltaTable
+
+        before = DeltaTable(self.path).version()
         # A DataFrame write takes the transaction from its own options as well as from the
         # session's settings (run's): both, so either reading holds.
         txn = {"txnAppId": f"{self.app_id}.{step}", "txnVersion": str(self.batch_id)}
         self.run(step, lambda: rows.write.format("delta").mode("append").options(**txn).save(self.path))
-        return count
+        # The count from the commit's metrics: counting `rows` would run its plan twice
+        # (none when Delta skipped it, written before a crash); auto compaction may have
+        # committed after it.
+        table = DeltaTable(self.path)
+        since = table.history(table.version() - before) if table.version() > before else []
+        return sum(int(c["operationMetrics"].get("numOutputRows", 0)) for c in since if c.get("operation") == "WRITE")
 
     def run(self, step: str, write: Callable[[], T]) -> T:
         """`write()` (Spark's), made idempotent; returns what it returns."""
@@ -122,6 +135,25 @@ class BatchWriter:
         if (table.transaction_version(app_id) or -1) >= self.batch_id:
             return 0
         return write(table, Transaction(app_id, self.batch_id))
+
+
+def _empty(path: str) -> bool:
+    from deltalake import DeltaTable
+
+    return not DeltaTable(path).file_uris()
+
+
+def _inserted(source: DataFrame, spec: Merge, table: StructType) -> DataFrame:
+    """The rows a MERGE of `source` into an empty table inserts, as the table's columns
+    (of the table's types, as a MERGE would cast them)."""
+    from pyspark.sql import functions as F
+
+    rows = source.alias("s")
+    if spec.insert_if:
+        rows = rows.filter(F.expr(spec.insert_if))
+    values = spec.insert if spec.insert is not None else {field.name: f"s.{field.name}" for field in table.fields}
+    types = {field.name: field.dataType for field in table.fields}
+    return rows.select(*[F.expr(expression).cast(types[column]).alias(column) for column, expression in values.items()])
 
 
 def _spark_merge(spark: SparkSession, path: str, source: DataFrame, spec: Merge) -> Any:
