@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -102,7 +104,13 @@ def run(
                 raw.unpersist()  # the upcast cache is built: it no longer needs this one
             on_driver = count <= settings.projections.driver_write_max_events
             writer = BatchWriter(spark, app_id, batch_id, str(path), on_driver)
-            rows = projection.apply(cached, writer) if count else 0
+            if not count:
+                rows = 0
+            elif on_driver:
+                with _one_partition(cached.sparkSession):
+                    rows = projection.apply(cached.coalesce(1), writer)
+            else:
+                rows = projection.apply(cached, writer)
             if on_driver and batch_id % DRIVER_COMPACT_EVERY == 0:
                 _compact(str(path))
         finally:
@@ -144,6 +152,27 @@ def run(
         finally:
             query.stop()
     return summary
+
+
+SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
+
+
+@contextmanager
+def _one_partition(session: SparkSession) -> Iterator[None]:
+    """A small batch's work in one partition, its shuffles too. Each partition is a task
+    to schedule, and adaptive execution, which would merge small shuffle partitions, is
+    off in a streaming query's batches: a few hundred rows would cost several waves of
+    near-empty tasks on every stage."""
+    conf = session.conf
+    before = conf.get(SHUFFLE_PARTITIONS)
+    conf.set(SHUFFLE_PARTITIONS, "1")
+    try:
+        yield
+    finally:
+        if before is None:
+            conf.unset(SHUFFLE_PARTITIONS)
+        else:
+            conf.set(SHUFFLE_PARTITIONS, before)
 
 
 def _compact(path: str) -> None:
