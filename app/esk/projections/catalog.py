@@ -132,7 +132,8 @@ class BatchWriter:
 
         app_id = f"{self.app_id}.{step}"
         table = DeltaTable(self.path)
-        if (table.transaction_version(app_id) or -1) >= self.batch_id:
+        written = table.transaction_version(app_id)  # batch ids start at 0: not `or -1`
+        if written is not None and written >= self.batch_id:
             return 0
         return write(table, Transaction(app_id, self.batch_id))
 
