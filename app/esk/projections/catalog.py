@@ -13,7 +13,8 @@ only then replaces CURRENT (atomically), so a reader never sees a half-built rea
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -115,14 +116,12 @@ class BatchWriter:
 
     def run(self, step: str, write: Callable[[], T]) -> T:
         """`write()` (Spark's), made idempotent; returns what it returns."""
-        conf = self.spark.conf
-        conf.set("spark.databricks.delta.write.txnAppId", f"{self.app_id}.{step}")
-        conf.set("spark.databricks.delta.write.txnVersion", str(self.batch_id))
-        try:
+        transaction = {
+            "spark.databricks.delta.write.txnAppId": f"{self.app_id}.{step}",
+            "spark.databricks.delta.write.txnVersion": str(self.batch_id),
+        }
+        with session_conf(self.spark, transaction):
             return write()
-        finally:
-            conf.unset("spark.databricks.delta.write.txnAppId")
-            conf.unset("spark.databricks.delta.write.txnVersion")
 
     def _on_driver(self, step: str, write: Callable[[Any, Any], int]) -> int:
         """`write(table, transaction)` with delta-rs, unless this batch's write is in the
@@ -136,6 +135,23 @@ class BatchWriter:
         if written is not None and written >= self.batch_id:
             return 0
         return write(table, Transaction(app_id, self.batch_id))
+
+
+@contextmanager
+def session_conf(session: SparkSession, values: Mapping[str, str]) -> Iterator[None]:
+    """`values` set on the session's conf for the block, then as they were before."""
+    conf = session.conf
+    before = {key: conf.get(key, None) for key in values}
+    for key, value in values.items():
+        conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, earlier in before.items():
+            if earlier is None:
+                conf.unset(key)
+            else:
+                conf.set(key, earlier)
 
 
 def _empty(path: str) -> bool:

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +21,7 @@ from pyspark.sql.streaming.readwriter import DataStreamWriter
 from rich.console import Console
 
 from ..settings import Settings
-from .catalog import BatchWriter, Projection, Tables
+from .catalog import BatchWriter, Projection, Tables, session_conf
 from .events import decode, event_stream, older_version, upcast
 from .session import spark_session
 
@@ -107,7 +105,10 @@ def run(
             if not count:
                 rows = 0
             elif on_driver:
-                with _one_partition(cached.sparkSession):
+                # One partition, its shuffles too: each partition is a task to schedule, and
+                # adaptive execution, which would merge near-empty shuffle partitions, is off
+                # in a streaming query's batches.
+                with session_conf(cached.sparkSession, {"spark.sql.shuffle.partitions": "1"}):
                     rows = projection.apply(cached.coalesce(1), writer)
             else:
                 rows = projection.apply(cached, writer)
@@ -152,27 +153,6 @@ def run(
         finally:
             query.stop()
     return summary
-
-
-SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
-
-
-@contextmanager
-def _one_partition(session: SparkSession) -> Iterator[None]:
-    """A small batch's work in one partition, its shuffles too. Each partition is a task
-    to schedule, and adaptive execution, which would merge small shuffle partitions, is
-    off in a streaming query's batches: a few hundred rows would cost several waves of
-    near-empty tasks on every stage."""
-    conf = session.conf
-    before = conf.get(SHUFFLE_PARTITIONS)
-    conf.set(SHUFFLE_PARTITIONS, "1")
-    try:
-        yield
-    finally:
-        if before is None:
-            conf.unset(SHUFFLE_PARTITIONS)
-        else:
-            conf.set(SHUFFLE_PARTITIONS, before)
 
 
 def _compact(path: str) -> None:
