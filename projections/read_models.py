@@ -90,7 +90,7 @@ def _customer_recent_orders(events: DataFrame, writer: BatchWriter) -> int:
         .when(is_event(orders, Cancelled), "cancelled")
         .when(is_event(orders, Deleted), "deleted")
     )
-    changed = (
+    changed = writer.cache(
         events.filter(of(orders))
         .select(
             F.col("aggregate_id").alias("order_id"),
@@ -113,7 +113,7 @@ def _customer_recent_orders(events: DataFrame, writer: BatchWriter) -> int:
     # orders for (as the table has them, with the new ones) are ranked newest first; the
     # source row of an order past RECENT_ORDERS deletes it, or keeps it from coming in.
     new_orders = changed.filter(F.col("customer_id").isNotNull())
-    held = writer.read().join(F.broadcast(new_orders.select("customer_id").distinct()), "customer_id")
+    held = writer.lookup(new_orders, "customer_id")
     newest_first = Window.partitionBy("customer_id").orderBy(F.col("placed_at").desc(), F.col("order_id").desc())
     ranked = (
         held.select("customer_id", "order_id", "placed_at")

@@ -13,7 +13,7 @@ only then replaces CURRENT (atomically), so a reader never sees a half-built rea
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,12 +78,50 @@ class BatchWriter:
     batch_id: int
     path: str  # the table's location: for appends, and for reading it beside a MERGE into it
     on_driver: bool = False
+    schema: StructType | None = None  # the table's columns; None: read from the table
+    cached: list[DataFrame] = field(default_factory=list)  # by `cache`, until `release`
+
+    @property
+    def columns(self) -> StructType:
+        return self.schema if self.schema is not None else self.read().schema
 
     def read(self) -> DataFrame:
         """The table as a DataFrame of its own: a MERGE's source that reads the target
         must not share the target's DataFrame (`DeltaTable.toDF()`), whose columns the
         MERGE's conditions would then resolve ambiguously."""
         return self.spark.read.format("delta").load(self.path)
+
+    def cache(self, frame: DataFrame) -> DataFrame:
+        """`frame`, kept once computed until the batch ends: a DataFrame that a batch uses
+        more than once (a MERGE's source built from it, a lookup's keys) is otherwise
+        computed again for each use."""
+        kept = frame.persist()
+        self.cached.append(kept)
+        return kept
+
+    def release(self) -> None:
+        """Drops what `cache` kept; the runner calls it when the batch ends."""
+        while self.cached:
+            self.cached.pop().unpersist()
+
+    def lookup(self, keys: DataFrame, on: str | Sequence[str]) -> DataFrame:
+        """The table's rows whose `on` columns match a row of `keys`: what a batch reads back
+        of the table to compute its rows from (the orders of the customers it touches, say).
+
+        A small batch's keys are collected and the table is read by delta-rs, filtered on
+        them: Spark would first rebuild its snapshot of the table (which delta-rs's writes
+        have moved on) and scan all of it, seconds a batch. A big batch joins the table
+        with its keys, broadcast."""
+        from pyspark.sql import functions as F
+
+        on = [on] if isinstance(on, str) else list(on)
+        wanted = keys.select(*on).distinct()
+        if not self.on_driver:
+            return self.read().join(F.broadcast(wanted), on).select(*self.columns.fieldNames())
+        rows = _driver_lookup(self.path, wanted.toArrow(), self.columns)
+        found = self.spark.createDataFrame(rows if rows.num_rows else [], self.columns)
+        # Each column was filtered on its own: a composite key's exact match is a join.
+        return found if len(on) == 1 else found.join(F.broadcast(wanted), on).select(*self.columns.fieldNames())
 
     def merge(self, source: DataFrame, spec: Merge, step: str = "merge") -> int:
         """`source` merged into the table as `spec` says; returns the rows inserted or updated."""
@@ -152,6 +190,28 @@ def session_conf(session: SparkSession, values: Mapping[str, str]) -> Iterator[N
                 conf.unset(key)
             else:
                 conf.set(key, earlier)
+
+
+def _driver_lookup(path: str, wanted: Any, schema: StructType) -> Any:
+    """The rows of the Delta table at `path` whose columns hold one of `wanted`'s values
+    (an Arrow table of key columns), as Arrow of `schema`'s types."""
+    import functools
+    import operator
+
+    import pyarrow.compute as pc
+    from deltalake import DeltaTable
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    target = to_arrow_schema(schema)
+    if not wanted.num_rows:
+        return target.empty_table()
+    # As the table's type: delta-rs writes strings as string_view, which isin will not
+    # compare with the keys' string.
+    predicate = functools.reduce(
+        operator.and_, [pc.field(c).cast(target.field(c).type).isin(wanted[c]) for c in wanted.column_names]
+    )
+    rows = DeltaTable(path).to_pyarrow_dataset().to_table(filter=predicate)
+    return rows.select(target.names).cast(target)
 
 
 def _empty(path: str) -> bool:

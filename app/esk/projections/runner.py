@@ -12,12 +12,14 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from delta.tables import DeltaTable
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.readwriter import DataStreamWriter
+from pyspark.sql.types import StructType
 from rich.console import Console
 
 from ..settings import Settings
@@ -76,12 +78,7 @@ def run(
         spark.conf.set(key, value)
     path = tables.path(name, generation)
     schema = spark.createDataFrame([], projection.columns).schema
-    builder = DeltaTable.createIfNotExists(spark).location(str(path)).addColumns(schema)
-    for key, value in TABLE_PROPERTIES.items():
-        builder = builder.property(key, value)
-    if projection.model.partition_by:
-        builder = builder.partitionedBy(*projection.model.partition_by)
-    table = builder.execute()
+    _create_table(spark, path, schema, projection.model.partition_by)
     summary = RunSummary(name, generation)
     app_id = f"esk.{settings.app}.{name}.g{generation}"
     categories = projection.model.categories
@@ -94,6 +91,7 @@ def run(
         # upcasting UDF run once a batch.
         raw = decoded.persist()
         cached = raw
+        writer: BatchWriter | None = None
         try:
             count, stale = _counts(raw, older)
             if stale:
@@ -101,7 +99,7 @@ def run(
                 cached.count()
                 raw.unpersist()  # the upcast cache is built: it no longer needs this one
             on_driver = count <= settings.projections.driver_write_max_events
-            writer = BatchWriter(spark, app_id, batch_id, str(path), on_driver)
+            writer = BatchWriter(spark, app_id, batch_id, str(path), on_driver, schema)
             if not count:
                 rows = 0
             elif on_driver:
@@ -117,6 +115,8 @@ def run(
         finally:
             raw.unpersist()
             cached.unpersist()
+            if writer is not None:
+                writer.release()
         summary.batches += 1
         summary.events += count
         summary.rows += rows
@@ -146,13 +146,36 @@ def run(
                 if time.monotonic() - vacuumed > VACUUM_EVERY_S:
                     # Beside the query, not in a batch, so the lag does not wait for it;
                     # Delta lets a VACUUM run alongside writes.
-                    table.vacuum()
+                    _vacuum(str(path))
                     vacuumed = time.monotonic()
         except KeyboardInterrupt:
             pass
         finally:
             query.stop()
     return summary
+
+
+def _create_table(spark: SparkSession, path: Path, schema: StructType, partition_by: tuple[str, ...]) -> None:
+    """The generation's table, unless it is there: Spark's check of an existing table
+    rebuilds its snapshot, seconds of a one-shot run on a big table, which a batch that
+    delta-rs writes has no use for."""
+    from deltalake import DeltaTable as DeltaRs
+
+    if DeltaRs.is_deltatable(str(path)):
+        return
+    builder = DeltaTable.createIfNotExists(spark).location(str(path)).addColumns(schema)
+    for key, value in TABLE_PROPERTIES.items():
+        builder = builder.property(key, value)
+    if partition_by:
+        builder = builder.partitionedBy(*partition_by)
+    builder.execute()
+
+
+def _vacuum(path: str) -> None:
+    """Removes the files no table version within the table's retention refers to."""
+    from deltalake import DeltaTable as DeltaRs
+
+    DeltaRs(path).vacuum(dry_run=False)
 
 
 def _compact(path: str) -> None:
