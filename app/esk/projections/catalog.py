@@ -117,11 +117,13 @@ class BatchWriter:
         on = [on] if isinstance(on, str) else list(on)
         wanted = keys.select(*on).distinct()
         if not self.on_driver:
-            return self.read().join(F.broadcast(wanted), on).select(*self.columns.fieldNames())
-        rows = _driver_lookup(self.path, wanted.toArrow(), self.columns)
-        found = self.spark.createDataFrame(rows if rows.num_rows else [], self.columns)
+            table = self.read()
+            return table.join(F.broadcast(wanted), on).select(*table.columns)
+        columns = self.columns
+        rows = _driver_lookup(self.path, wanted.toArrow(), columns)
+        found = self.spark.createDataFrame(rows if rows.num_rows else [], columns)
         # Each column was filtered on its own: a composite key's exact match is a join.
-        return found if len(on) == 1 else found.join(F.broadcast(wanted), on).select(*self.columns.fieldNames())
+        return found if len(on) == 1 else found.join(F.broadcast(wanted), on).select(*found.columns)
 
     def merge(self, source: DataFrame, spec: Merge, step: str = "merge") -> int:
         """`source` merged into the table as `spec` says; returns the rows inserted or updated."""
