@@ -117,6 +117,8 @@ class BatchWriter:
         on = [on] if isinstance(on, str) else list(on)
         wanted = keys.select(*on).distinct()
         if not self.on_driver:
+            if _empty(self.path):  # a catch-up's first batch: nothing to read, nor to plan a scan of
+                return self.spark.createDataFrame([], self.columns)
             table = self.read()
             return table.join(F.broadcast(wanted), on).select(*table.columns)
         columns = self.columns
@@ -133,7 +135,7 @@ class BatchWriter:
             # Nothing to match (a new table's catch-up): the MERGE would insert what its
             # insert clause takes, at the cost of a join with the table and a copy of the
             # source; an append does it in one pass.
-            return self.append(_inserted(source, spec, self.read().schema), step)
+            return self.append(_inserted(source, spec, self.columns), step)
         return self.run(step, lambda: _spark_merged(_spark_merge(self.spark, self.path, source, spec).execute()))
 
     def append(self, rows: DataFrame, step: str = "append") -> int:
@@ -148,8 +150,7 @@ class BatchWriter:
         txn = {"txnAppId": f"{self.app_id}.{step}", "txnVersion": str(self.batch_id)}
         self.run(step, lambda: rows.write.format("delta").mode("append").options(**txn).save(self.path))
         # The count from the commit's metrics: counting `rows` would run its plan twice
-        # (none when Delta skipped it, written before a crash); auto compaction may have
-        # committed after it.
+        # (none when Delta skipped it, written before a crash).
         table = DeltaTable(self.path)
         since = table.history(table.version() - before) if table.version() > before else []
         return sum(int(c["operationMetrics"].get("numOutputRows", 0)) for c in since if c.get("operation") == "WRITE")

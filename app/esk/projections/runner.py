@@ -27,15 +27,11 @@ from .catalog import BatchWriter, Projection, Tables, session_conf
 from .events import decode, event_stream, older_version, upcast
 from .session import spark_session
 
-# Delta settings for many small writes on a few cores. Delta rebuilds a table's snapshot
-# state in 50 tasks by default, each a task to schedule whatever the table's size. Auto
-# compaction rewrites a table's small files once enough have piled up, after the commit
-# that made them. (A MERGE still copies its source first, Delta's default: a source that
-# reads the batch and the table several times is cheaper to read once.)
-DELTA_CONF = {
-    "spark.databricks.delta.snapshotPartitions": "2",
-    "spark.databricks.delta.autoCompact.enabled": "true",
-}
+# Delta settings for many small writes on a few cores: Delta rebuilds a table's snapshot
+# state in 50 tasks by default, each a task to schedule whatever the table's size. (A MERGE
+# still copies its source first, Delta's default: a source that reads the batch and the
+# table several times is cheaper to read once.)
+DELTA_CONF = {"spark.databricks.delta.snapshotPartitions": "2"}
 # New tables keep the log and the files that compaction replaced for a day, not Delta's
 # 30 and 7 days: a read model has no use for time travel, and a reader's snapshot lives
 # for one request.
@@ -45,9 +41,10 @@ TABLE_PROPERTIES = {
 }
 VACUUM_EVERY_S = 3600.0  # a continuous run removes unreferenced files this often
 LAG_REPORT_EVERY_S = 10  # and logs its lag this often
-# Spark's auto compaction follows Spark's writes only: the small files of delta-rs's writes
-# are compacted (by delta-rs, in the batch, so never beside a write) every so many batches.
-DRIVER_COMPACT_EVERY = 50
+# Every batch adds files, whichever writer wrote it: the runner compacts them (delta-rs, in
+# the batch, so never beside a write) every so many batches. Spark's auto compaction would
+# follow Spark's writes only, and rewrote a catch-up's first write at once.
+COMPACT_EVERY = 50
 
 
 @dataclass
@@ -84,20 +81,22 @@ def run(
     categories = projection.model.categories
     older = older_version(settings, categories)
 
-    def batch(decoded: DataFrame, batch_id: int) -> None:
+    def batch(records: DataFrame, batch_id: int) -> None:
         started = time.perf_counter()
-        # A MERGE reads its source more than once: the batch is cached, and so is its
-        # upcast form when it has rows of an older version, so the Kafka read and the
-        # upcasting UDF run once a batch.
-        raw = decoded.persist()
-        cached = raw
+        # The batch's Kafka records are cached as read, and decoded on each use: the Kafka
+        # read runs once a batch, and a cache of the raw values costs next to nothing to
+        # build, where one of the decoded rows cost more than the read and the decoding
+        # together (docs/benchmarks.md). A batch with rows of an older schema version is
+        # cached once more, upcast, so the upcasting UDF runs once a batch.
+        kept = records.persist()
+        upcast_kept: DataFrame | None = None
         writer: BatchWriter | None = None
         try:
-            count, stale = _counts(raw, older)
+            events = decode(kept)
+            count, stale = _counts(kept, events, older)
             if stale:
-                cached = upcast(raw, settings, categories).persist()
-                cached.count()
-                raw.unpersist()  # the upcast cache is built: it no longer needs this one
+                upcast_kept = events = upcast(events, settings, categories).persist()
+                upcast_kept.count()
             on_driver = count <= settings.projections.driver_write_max_events
             writer = BatchWriter(spark, app_id, batch_id, str(path), on_driver, schema)
             if not count:
@@ -106,15 +105,16 @@ def run(
                 # One partition, its shuffles too: each partition is a task to schedule, and
                 # adaptive execution, which would merge near-empty shuffle partitions, is off
                 # in a streaming query's batches.
-                with session_conf(cached.sparkSession, {"spark.sql.shuffle.partitions": "1"}):
-                    rows = projection.apply(cached.coalesce(1), writer)
+                with session_conf(events.sparkSession, {"spark.sql.shuffle.partitions": "1"}):
+                    rows = projection.apply(events.coalesce(1), writer)
             else:
-                rows = projection.apply(cached, writer)
-            if on_driver and batch_id % DRIVER_COMPACT_EVERY == 0:
+                rows = projection.apply(events, writer)
+            if (batch_id + 1) % COMPACT_EVERY == 0:
                 _compact(str(path))
         finally:
-            raw.unpersist()
-            cached.unpersist()
+            kept.unpersist()
+            if upcast_kept is not None:
+                upcast_kept.unpersist()
             if writer is not None:
                 writer.release()
         summary.batches += 1
@@ -126,8 +126,7 @@ def run(
         )
 
     def writer() -> DataStreamWriter:
-        events = decode(event_stream(spark, settings, categories))
-        return events.writeStream.foreachBatch(batch).option("checkpointLocation", str(tables.checkpoint(name, generation)))
+        return event_stream(spark, settings, categories).writeStream.foreachBatch(batch).option("checkpointLocation", str(tables.checkpoint(name, generation)))
 
     query = writer().trigger(availableNow=True).start()
     query.awaitTermination()
@@ -184,9 +183,12 @@ def _compact(path: str) -> None:
     DeltaTable(path).optimize.compact()
 
 
-def _counts(batch: DataFrame, older: Column | None) -> tuple[int, int]:
-    """The batch's events, and those of an older schema version, in one pass."""
-    row = batch.agg(F.count(F.lit(1)), F.count_if(older) if older is not None else F.lit(0)).first()
+def _counts(records: DataFrame, events: DataFrame, older: Column | None) -> tuple[int, int]:
+    """The batch's events, and those of an older schema version, in one pass; the records
+    are decoded only to find the older ones (and then only the fields that tells)."""
+    if older is None:
+        return records.count(), 0
+    row = events.agg(F.count(F.lit(1)), F.count_if(older)).first()
     assert row is not None, "an aggregate without grouping has one row"
     return int(row[0]), int(row[1])
 

@@ -51,7 +51,11 @@ def spark_session(settings: Settings, app_name: str = "esk") -> SparkSession:
         # Local mode: the Python workers run the domain's upcasters, so they use this
         # interpreter (and its packages), not whatever `python3` is first on PATH.
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        builder = builder.master(p.spark_master).config("spark.pyspark.python", sys.executable)
+        builder = (
+            builder.master(p.spark_master)
+            .config("spark.pyspark.python", sys.executable)
+            .config("spark.driver.extraJavaOptions", p.driver_java_options)
+        )
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
