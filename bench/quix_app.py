@@ -16,12 +16,12 @@ from typing import Any
 from quixstreams import Application, State
 
 
-def handle(command: dict[str, Any], state: State) -> dict[str, Any]:
+def handle(command: dict[str, Any], state: State[str, Any]) -> dict[str, Any]:
     command_id = command["command_id"]
     seen = state.get(f"c/{command_id}")
     if seen is not None:
         return {"outcome": seen, "event": None}
-    account = state.get("account")
+    account: dict[str, Any] | None = state.get("account")
     version = account["version"] if account else 0
     name, payload = command["command"], command["payload"]
     event = None
@@ -42,6 +42,7 @@ def handle(command: dict[str, Any], state: State) -> dict[str, Any]:
         account = {**account, "balance": account["balance"] + sign * payload["amount"], "version": version + 1}
         event = {"type": "Deposited" if sign > 0 else "Withdrawn", "version": version + 1, "data": payload}
     if event is not None:
+        assert account is not None, "every event comes with the account it made or changed"
         state.set("account", account)
         outcome = {"status": "accepted", "version": account["version"], "events": [event]}
     outcome = {"command_id": command_id, **outcome}
