@@ -239,14 +239,17 @@ def project_run(
     rebuild: Annotated[bool, typer.Option("--rebuild", help="Rebuild from the earliest offsets into a new table; readers switch once it caught up.")] = False,
 ) -> None:
     """Catch the read model up with its event streams (and stop, unless --continuous)."""
-    from .projections.runner import run
+    from .projections.runner import ColumnsChanged, run
 
     settings = load_settings()
     projections = read_models(settings)
     if name not in projections:
         raise fail(f"no read model {name!r}; `esk project list` shows them")
     require_kafka_access(settings)
-    summary = run(settings, projections[name], continuous=continuous, rebuild=rebuild, console=console)
+    try:
+        summary = run(settings, projections[name], continuous=continuous, rebuild=rebuild, console=console)
+    except ColumnsChanged as e:
+        raise fail(f"{name}: {e}: `esk project run {name} --rebuild` builds a table of its new columns from the events") from None
     console.print(
         f"{name}: generation {summary.generation}, {summary.batches} batches, {summary.events:,} events, "
         f"{summary.rows:,} rows merged; lag {sum(summary.lag.values())}",

@@ -154,13 +154,21 @@ def run(
     return summary
 
 
+class ColumnsChanged(Exception):
+    """The read model declares other columns than its table has: a batch's rows would not
+    fit it, and the rows already there were computed by another version of the read model."""
+
+
 def _create_table(spark: SparkSession, path: Path, schema: StructType, partition_by: tuple[str, ...]) -> None:
-    """The generation's table, unless it is there: Spark's check of an existing table
-    rebuilds its snapshot, seconds of a one-shot run on a big table, which a batch that
-    delta-rs writes has no use for."""
+    """The generation's table, unless it is there (then its columns must be `schema`'s):
+    Spark's check of an existing table rebuilds its snapshot, seconds of a one-shot run on
+    a big table, which a batch that delta-rs writes has no use for."""
     from deltalake import DeltaTable as DeltaRs
 
     if DeltaRs.is_deltatable(str(path)):
+        changes = column_changes(json.loads(DeltaRs(str(path)).schema().to_json()), schema)
+        if changes:
+            raise ColumnsChanged(f"the table at {path} has other columns than the read model declares ({'; '.join(changes)})")
         return
     builder = DeltaTable.createIfNotExists(spark).location(str(path)).addColumns(schema)
     for key, value in TABLE_PROPERTIES.items():
@@ -168,6 +176,17 @@ def _create_table(spark: SparkSession, path: Path, schema: StructType, partition
     if partition_by:
         builder = builder.partitionedBy(*partition_by)
     builder.execute()
+
+
+def column_changes(table_schema: dict[str, Any], declared: StructType) -> list[str]:
+    """How `declared` differs from a Delta table's schema (its JSON, which is Spark's), by
+    column name and type; nullability and column order aside."""
+    held = {f.name: f.dataType.simpleString() for f in StructType.fromJson(table_schema).fields}
+    wanted = {f.name: f.dataType.simpleString() for f in declared.fields}
+    changes = [f"{name} is new" for name in wanted.keys() - held.keys()]
+    changes += [f"{name} is gone" for name in held.keys() - wanted.keys()]
+    changes += [f"{name} was {held[name]}, now {wanted[name]}" for name in wanted.keys() & held.keys() if held[name] != wanted[name]]
+    return sorted(changes)
 
 
 def _vacuum(path: str) -> None:
