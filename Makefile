@@ -21,6 +21,8 @@ $(VENV_STAMP): pyproject.toml
 
 # The jars live in esk's cache (~/.cache/esk), keyed by their poms (app/esk/jars/): esk
 # resolves them on first use anyway; resolving them here keeps that out of the first test.
+# `esk jars spark` also makes the local Spark driver's class archive there, once
+# (app/esk/projections/class_archive.py): every later Spark session starts faster.
 jars: venv tools
 	@$(ESK) jars kafka >/dev/null
 	@$(ESK) jars spark >/dev/null

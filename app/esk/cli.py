@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -299,15 +300,25 @@ def read_models(settings: Settings) -> dict[str, Projection]:
 def jars(
     jar_set: Annotated[str, typer.Argument(help="kafka (the embedded broker) or spark (the read models)")],
 ) -> None:
-    """Resolve a set of jars into the cache (from Maven Central, the first time) and print its folder."""
+    """Resolve a set of jars into the cache (from Maven Central, the first time) and print its
+    folder; for spark, also make the local driver's class archive (once, tens of seconds)."""
     from .jars import JarsError, jars_dir
 
     settings = load_settings()
     configured = {"kafka": settings.broker.jars_dir, "spark": settings.projections.jars_dir}.get(jar_set)
     try:
-        print(jars_dir(jar_set, configured))
+        folder = jars_dir(jar_set, configured)
     except JarsError as error:
         raise fail(str(error)) from None
+    if jar_set == "spark" and importlib.util.find_spec("pyspark") is not None:  # without pyspark, no driver to speed up
+        from .projections.class_archive import make_archive
+        from .projections.session import extra_jars
+
+        try:
+            make_archive(extra_jars(configured))
+        except RuntimeError as error:  # sessions still run, only without the archive
+            err.print(f"[yellow]warning:[/yellow] {escape(str(error))}", highlight=False, soft_wrap=True)
+    print(folder)
 
 
 LockFileOption = Annotated[Path, typer.Option("--file", help="The lock file.")]

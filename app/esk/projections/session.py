@@ -13,6 +13,7 @@ from pyspark.sql import SparkSession
 
 from ..jars import jars_dir
 from ..settings import Settings
+from .class_archive import sharing_options
 
 _VERSIONED = re.compile(r"^(?P<artifact>.+?)-\d[\w.\-]*\.jar$")
 
@@ -33,11 +34,14 @@ def _artifact(filename: str) -> str:
     return match.group("artifact") if match else filename
 
 
-def spark_session(settings: Settings, app_name: str = "esk") -> SparkSession:
+def spark_session(settings: Settings, app_name: str = "esk", archive_to: Path | None = None) -> SparkSession:
+    """The session; in local mode its JVM maps the class archive when there is one, or
+    writes one to `archive_to` as it exits (esk.projections.class_archive)."""
     p = settings.projections
+    jars = extra_jars(p.jars_dir)
     builder = (
         SparkSession.builder.appName(app_name)
-        .config("spark.jars", ",".join(str(j) for j in extra_jars(p.jars_dir)))
+        .config("spark.jars", ",".join(str(j) for j in jars))
         .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
         .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
         .config("spark.sql.shuffle.partitions", str(p.shuffle_partitions))
@@ -54,11 +58,17 @@ def spark_session(settings: Settings, app_name: str = "esk") -> SparkSession:
         builder = (
             builder.master(p.spark_master)
             .config("spark.pyspark.python", sys.executable)
-            .config("spark.driver.extraJavaOptions", p.driver_java_options)
+            .config("spark.driver.extraJavaOptions", " ".join([p.driver_java_options, *_class_sharing(jars, archive_to)]))
         )
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
+
+
+def _class_sharing(jars: list[Path], archive_to: Path | None) -> list[str]:
+    if archive_to is not None:
+        return [f"-XX:ArchiveClassesAtExit={archive_to}"]
+    return sharing_options(jars)
 
 
 def _submitted() -> bool:
