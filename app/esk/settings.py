@@ -126,6 +126,9 @@ class ApiSettings(BaseModel):
     history: bool = True
     # The history index's RocksDB block cache and write buffers (the replica has 128 MB).
     history_memory_budget_mb: int = 64
+    # Events a history read returns at most (its `limit`, and the default): a long-lived
+    # aggregate's history is read a page at a time (`from_version`, the answer's `next_version`).
+    history_page_max: int = Field(default=1000, ge=1)
 
 
 class ProjectionSettings(BaseModel):

@@ -88,19 +88,19 @@ def test_a_fetch_is_indexed_with_its_offsets_and_an_aggregate_created_anew_start
     store = index.store
     assert store is not None
     index.write(store, fetched(event("c1", 1, "Started"), event("c1", 2), b"not an event", event("c1", 3)), {TP: 4})
-    assert [e["version"] for e in index.events("counters", "c1")] == [1, 2, 3]
+    assert [e["version"] for e in index.events("counters", "c1").events] == [1, 2, 3]
     assert index.stored_offsets(store) == {TP: 4}
 
     # c1 expired and was created again: its topic holds a second history from version 1,
     # which replaces the first, in the store and within one fetch alike.
     again = [event("c1", 1, "Started"), event("c1", 2), event("c2", 1, "Started"), event("c2", 2), event("c2", 1, "Started")]
     index.write(store, fetched(*again, offset=4), {TP: 9})
-    assert [(e["version"], e["event_id"]) for e in index.events("counters", "c1")] == [
+    assert [(e["version"], e["event_id"]) for e in index.events("counters", "c1").events] == [
         (v, EventRecord.decode(again[n]).event_id) for n, v in ((0, 1), (1, 2))
     ]
-    assert [(e["version"], e["event_id"]) for e in index.events("counters", "c2")] == [(1, EventRecord.decode(again[4]).event_id)]
+    assert [(e["version"], e["event_id"]) for e in index.events("counters", "c2").events] == [(1, EventRecord.decode(again[4]).event_id)]
     assert index.stored_offsets(store) == {TP: 9}
-    assert index.events("counters", "c3") == []
+    assert index.events("counters", "c3").events == []
 
 
 def test_events_are_shown_in_their_types_current_schema(index: EventHistory) -> None:
@@ -111,11 +111,27 @@ def test_events_are_shown_in_their_types_current_schema(index: EventHistory) -> 
         event("old", 3, "Renamed", {"to": "x"}, schema_version=1),  # no longer a type of the domain
     ]
     index.write(index.store, fetched(*legacy), {TP: 3})
-    shown = index.events("counters", "old")
+    shown = index.events("counters", "old").events
     assert [(e["type"], e["schema_version"], e["data"]) for e in shown] == [
         ("Started", 1, {}), ("Added", 2, {"n": 7}), ("Renamed", 1, {"to": "x"}),
     ]
     assert set(shown[0]) == {"event_id", "type", "version", "schema_version", "recorded_at", "command_id", "data"}
+
+
+def test_a_history_is_read_a_page_at_a_time(index: EventHistory) -> None:
+    assert index.store is not None
+    index.write(index.store, fetched(*[event("long", v, "Started" if v == 1 else "Added") for v in range(1, 12)], event("long2", 1, "Started")), {TP: 12})
+    pages, start = [], 1
+    while True:
+        page = index.events("counters", "long", start, 4)
+        pages.append([e["version"] for e in page.events])
+        if page.next_version is None:
+            break
+        start = page.next_version
+    assert pages == [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11]]
+    assert index.events("counters", "long", 9, 3) == index.events("counters", "long", 9)  # a full last page has no next
+    assert index.events("counters", "long", 9, 3).next_version is None
+    assert index.events("counters", "long", 12).events == []  # past the end; long2 is another aggregate
 
 
 def test_a_reads_after_and_wait() -> None:
@@ -207,7 +223,21 @@ async def test_a_commands_events_show_at_once_in_version_order(shop: System) -> 
     position = Position.parse(token)
     reached = {(p["topic"], p["partition"]): p["offset"] for p in body["positions"]}
     assert reached[position.topic, position.partition] >= position.offset
+    assert body["next_version"] is None
 
+    # A page at a time: the next one starts where the answer says; past the end, none.
+    r = await shop.client.get(f"/v1/counters/{counter}/events", params={"from_version": 3, "limit": 5})
+    assert [e["version"] for e in r.json()["events"]] == [3, 4, 5, 6, 7] and r.json()["next_version"] == 8
+    r = await shop.client.get(f"/v1/counters/{counter}/events", params={"from_version": 8, "limit": 5})
+    assert [e["version"] for e in r.json()["events"]] == [8, 9, 10, 11, 12] and r.json()["next_version"] is None
+    r = await shop.client.get(f"/v1/counters/{counter}/events", params={"from_version": 13})
+    assert r.status_code == 200 and r.json()["events"] == []
+    for params, code in (({"from_version": 0}, "invalid_from_version"), ({"limit": 0}, "invalid_limit"), ({"limit": 1001}, "invalid_limit")):
+        r = await shop.client.get(f"/v1/counters/{counter}/events", params=params)
+        assert r.status_code == 400 and r.json()["code"] == code, r.text
+
+    r = await shop.client.get(f"/v1/counters/{new_id()}/events", params={"from_version": 2})
+    assert r.status_code == 404 and r.json()["code"] == "not_found"
     r = await shop.client.get(f"/v1/counters/{new_id()}/events")
     assert r.status_code == 404 and r.json()["code"] == "not_found"
     r = await shop.client.get(f"/v1/nope/{counter}/events")

@@ -18,6 +18,7 @@ import asyncio
 import logging
 import struct
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +81,12 @@ def history_updates(store: StateStore, batches: Batches, offsets: Offsets) -> di
     return updates
 
 
+@dataclass(frozen=True)
+class HistoryPage:
+    events: list[dict[str, Any]]
+    next_version: int | None  # where the next page starts; None: this one ends the history
+
+
 class EventHistory(TopicFollower):
     def __init__(self, settings: Settings, registry: Registry) -> None:
         path = Path(settings.api.state_dir) / f"{settings.app}.history"
@@ -114,18 +121,23 @@ class EventHistory(TopicFollower):
     async def current_positions(self) -> Positions:
         return self.positions()
 
-    def events(self, aggregate_type: str, aggregate_id: str) -> list[dict[str, Any]]:
-        """The aggregate's events in version order, as the HTTP API shows them: `data` in
-        its event type's current schema where the domain's upcasters can bring it there."""
+    def events(
+        self, aggregate_type: str, aggregate_id: str, from_version: int = 1, limit: int | None = None
+    ) -> HistoryPage:
+        """The aggregate's events in version order from `from_version`, `limit` of them at
+        most, as the HTTP API shows them: `data` in its event type's current schema where
+        the domain's upcasters can bring it there."""
         store = self.store
         if store is None:
-            return []
+            return HistoryPage([], None)
         prefix = history_prefix(aggregate_type, aggregate_id)
         aggregate = self.registry.get(aggregate_type)
-        events = []
-        for key, value in store.scan(prefix, prefix_end(prefix)):
+        events: list[dict[str, Any]] = []
+        for key, value in store.scan(history_key(aggregate_type, aggregate_id, from_version), prefix_end(prefix)):
             if len(key) != len(prefix) + 8:
                 continue  # an id with "/" that no command could have (a foreign writer's)
+            if limit is not None and len(events) == limit:
+                return HistoryPage(events, int.from_bytes(key[len(prefix):], "big"))
             event = EventRecord.decode(value)
             data, schema_version = event.data, event.schema_version
             if aggregate is not None:
@@ -144,9 +156,9 @@ class EventHistory(TopicFollower):
                 "command_id": event.command_id,
                 "data": data,
             })
-        return events
+        return HistoryPage(events, None)
 
-    async def read(self, aggregate_type: str, aggregate_id: str) -> list[dict[str, Any]]:
+    async def read(self, aggregate_type: str, aggregate_id: str, from_version: int, limit: int) -> HistoryPage:
         # Off the event loop: a long history decodes (and upcasts) for a while, and the loop
         # takes every command the API serves.
-        return await asyncio.to_thread(self.events, aggregate_type, aggregate_id)
+        return await asyncio.to_thread(self.events, aggregate_type, aggregate_id, from_version, limit)

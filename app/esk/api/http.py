@@ -147,10 +147,17 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
         return json_response({"name": name, "rows": rows, "count": len(rows), "positions": positions_json(positions)})
 
     @router.get("/v1/{type_name}/{id}/events")
-    async def get_history(type_name: str, id: str, request: Request, wait_ms: int | None = None) -> Response:
+    async def get_history(
+        type_name: str, id: str, request: Request, wait_ms: int | None = None, from_version: int = 1, limit: int | None = None
+    ) -> Response:
         if type_name not in registry:
             raise Problem(404, "unknown_aggregate_type", f"no aggregate type {type_name!r}")
         AGGREGATE_ID.check(id)
+        page_max = settings.api.history_page_max
+        if from_version < 1:
+            raise Problem(400, "invalid_from_version", "from_version must be 1 or more")
+        if limit is not None and not 1 <= limit <= page_max:
+            raise Problem(400, "invalid_limit", f"limit must be between 1 and {page_max}")
         if history is None:
             raise Problem(404, "history_disabled", "this API instance keeps no history index (ESK_API__HISTORY=false)")
         after = ReadAfter.of(request.query_params.getlist("after"), wait_ms, settings.api.read_wait_max_s)
@@ -161,10 +168,14 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
                 {"Retry-After": str(settings.api.retry_after_s)}, positions=positions_json(history.positions()),
             )
         positions = await after.reflected("the history index", history.current_positions, history.moved)
-        events = await history.read(type_name, id)
-        if not events:
+        page = await history.read(type_name, id, from_version, limit or page_max)
+        # A page past the last event is empty, of an aggregate that still has events.
+        if not page.events and (from_version == 1 or not (await history.read(type_name, id, 1, 1)).events):
             raise Problem(404, "not_found", f"{type_name} {id!r} has no events")
-        return json_response({"type": type_name, "id": id, "events": events, "positions": positions_json(positions)})
+        return json_response({
+            "type": type_name, "id": id, "events": page.events, "next_version": page.next_version,
+            "positions": positions_json(positions),
+        })
 
     async def _read_model(name: str, filters: dict[str, str], limit: int) -> list[dict[str, Any]]:
         return await _guarded(name, lambda: read_models.read(name, filters, limit))

@@ -202,6 +202,10 @@ def _components() -> Schema:
             "type": _string(),
             "id": _string(),
             "events": {"type": "array", "items": _ref("HistoryEvent"), "description": "In version order"},
+            "next_version": {
+                "type": ["integer", "null"], "minimum": 2,
+                "description": "The version the next page starts at (its `from_version`); null on the history's last page",
+            },
             "positions": {"type": "array", "items": _ref("Position"), "description": "What the events reflect"},
         }),
         "Status": _object({"status": _string()}),
@@ -356,7 +360,7 @@ def _aggregate_operation(registry: Registry) -> Schema:
     }
 
 
-def _history_operation(registry: Registry, topics: TopicNames) -> Schema:
+def _history_operation(registry: Registry, topics: TopicNames, page_max: int) -> Schema:
     reads = [topics.events(name) for name in sorted(registry)]
     return {
         "tags": ["state"],
@@ -364,15 +368,29 @@ def _history_operation(registry: Registry, topics: TopicNames) -> Schema:
         "description": "From the history index each API instance keeps of the events topics, as far as it has read them "
         "(`positions`); given `after`, once it has read past those positions.",
         "operationId": "get_history",
-        "parameters": [*_aggregate_path_parameters(registry), *_read_after_parameters(reads, "the events")],
+        "parameters": [
+            *_aggregate_path_parameters(registry),
+            _parameter("from_version", "query", _count(1), "The first version the page holds (default 1)"),
+            _parameter(
+                "limit", "query", _count(1) | {"maximum": page_max},
+                f"Events the page holds at most (default and at most {page_max}, ESK_API__HISTORY_PAGE_MAX)",
+            ),
+            *_read_after_parameters(reads, "the events"),
+        ],
         "responses": {
-            "200": _answer("The aggregate's events in version order, and the positions they reflect", _ref("History")),
-            "400": _problem("An invalid id, wait or position", "invalid_aggregate_id", "invalid_wait", "invalid_position"),
+            "200": _answer(
+                "A page of the aggregate's events in version order (empty past its last event), and the positions they reflect",
+                _ref("History"),
+            ),
+            "400": _problem(
+                "An invalid id, page, wait or position",
+                "invalid_aggregate_id", "invalid_from_version", "invalid_limit", "invalid_wait", "invalid_position",
+            ),
             "404": _problem(
                 "No events for the aggregate, no such type, or no history index on this API instance (ESK_API__HISTORY=false)",
                 "not_found", "unknown_aggregate_type", "history_disabled",
             ),
-            "422": _problem("wait_ms is not an integer", "invalid_request"),
+            "422": _problem("wait_ms, from_version or limit is not an integer", "invalid_request"),
             "503": _problem(
                 "The history index is still reading the events topics since the API started (history_catching_up), "
                 "or has not reached the positions asked for in time (not_caught_up); `positions` says how far it has read",
@@ -567,7 +585,7 @@ def document(app: FastAPI, settings: Settings, registry: Registry) -> None:
         for projection in _read_models(settings):
             paths[f"/v1/projections/{projection.model.name}"] = {"get": _projection_operation(projection, row_limit, TopicNames(settings.app))}
         paths["/v1/{type_name}/{id}"] = {"get": _aggregate_operation(registry)}
-        paths["/v1/{type_name}/{id}/events"] = {"get": _history_operation(registry, TopicNames(settings.app))}
+        paths["/v1/{type_name}/{id}/events"] = {"get": _history_operation(registry, TopicNames(settings.app), settings.api.history_page_max)}
         paths |= _operations_paths()
         components = schema.setdefault("components", {})
         components["schemas"] = _int64(components.get("schemas", {}) | _components() | _domain_components(registry))
