@@ -26,6 +26,7 @@ from pathlib import Path
 from aiokafka import AIOKafkaClient
 
 from ..jars import JarsError, jars_dir
+from ..processes import alive
 from ..settings import BrokerSaslSslSettings, BrokerSettings
 
 _LOOPBACK = "127.0.0.1"
@@ -269,7 +270,7 @@ class BrokerNode:
             pid = int(self.pid_file.read_text().strip())
         except (FileNotFoundError, ValueError):
             return None
-        if not _alive(pid):
+        if not alive(pid):
             self._forget(pid)
             return None
         return pid
@@ -292,9 +293,9 @@ class BrokerNode:
         if pid is None:
             return False
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and _alive(pid):
+        while time.monotonic() < deadline and alive(pid):
             time.sleep(0.2)
-        if _alive(pid):
+        if alive(pid):
             self.kill()
         self._forget(pid)
         return True
@@ -307,7 +308,7 @@ class BrokerNode:
             return False
         with contextlib.suppress(ProcessLookupError):  # it died meanwhile
             os.kill(pid, signal.SIGKILL)
-        while _alive(pid):
+        while alive(pid):
             time.sleep(0.05)
         self._forget(pid)
         return True
@@ -466,21 +467,6 @@ def _quoted(value: str) -> str:
     if "," in value:
         raise BrokerError("a SCRAM user's name or password for the embedded broker cannot contain a comma")
     return f'"{value}"'
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie child (exited, not yet reaped) is not alive.
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split(") ", 1)[1][0] != "Z"
-    except (FileNotFoundError, IndexError):
-        return True
 
 
 def _tail(path: Path, lines: int) -> str:

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..jars import cache_dir
+from ..processes import alive
 
 TIMEOUT_S = 600
 
@@ -72,18 +73,8 @@ def _remove_abandoned(archive: Path) -> None:
     """Partial archives whose process is gone (killed while making one)."""
     for partial in archive.parent.glob(f"{archive.stem}.*.partial"):
         pid = partial.suffixes[-2].lstrip(".")
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not alive(int(pid)):
             partial.unlink(missing_ok=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _java_identity() -> str:
