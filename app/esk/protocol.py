@@ -46,6 +46,9 @@ def history_prefix(aggregate_type: str, aggregate_id: str) -> bytes:
     return aggregate_key(aggregate_type, aggregate_id) + b"/"
 
 
+MAX_VERSION = 2**63 - 1  # an aggregate's version is an int64, in records and in the HTTP API
+
+
 def history_key(aggregate_type: str, aggregate_id: str, version: int) -> bytes:
     """An event in the API's history index: `a/<type>/<id>/` and the version as 8 big-endian
     bytes, so that an aggregate's events sit together and sort by version numerically (as

@@ -138,10 +138,11 @@ class ProjectionSettings(BaseModel):
     jars_dir: Path | None = None  # default: resolved from Maven Central into the jar cache
     spark_master: str = "local[2]"
     driver_memory: str = "1g"
-    # The JVM's options in local mode (under spark-submit, the cluster's configuration has
-    # them): the throughput collector, as a projection's work is batches, not requests;
-    # a catch-up ran in 0.85 of G1's time (docs/benchmarks.md).
-    driver_java_options: str = "-XX:+UseParallelGC"
+    # The driver JVM's options in local mode (under spark-submit, the cluster's
+    # configuration has them). Java's default collector (G1) by default: with ParallelGC a
+    # catch-up took 0.85 of the time, but a `--continuous` run died of an OutOfMemoryError
+    # after 28 minutes (docs/benchmarks.md).
+    driver_java_options: str = ""
     shuffle_partitions: int = 4
     # How often `--continuous` looks for new events: a small batch takes about a second
     # (docs/benchmarks.md), and a look that finds none costs one offsets request.

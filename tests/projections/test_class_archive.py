@@ -43,11 +43,29 @@ def test_a_session_shares_the_archive_s_classes() -> None:
     archive = class_archive.make_archive(extra_jars(None))  # made by `make setup`, else now
     probe = "from esk.projections.session import spark_session; from esk.settings import Settings; " \
             "print(spark_session(Settings(_env_file=None), 'esk-probe').range(5).count())"
-    env = {**os.environ, "ESK_PROJECTIONS__DRIVER_JAVA_OPTIONS": "-Xshare:on"}
+    # -Xshare:on fails rather than run without; the JDK's own archive would satisfy it, so
+    # the classes' log says which archive each came from: "(top)" is esk's, on top of it.
+    env = {**os.environ, "ESK_PROJECTIONS__DRIVER_JAVA_OPTIONS": "-Xshare:on -Xlog:class+load=info"}
     done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip().splitlines()[-1] == "5"
-    assert archive.stat().st_size > 10_000_000  # Spark's classes, not a stub
+    assert "5" in done.stdout.splitlines()  # the count, among the class-load lines
+    from_esk = [line for line in done.stdout.splitlines() if "source: shared objects file (top)" in line]
+    assert any("org.apache.spark.sql.delta" in line for line in from_esk), "no Delta class came from esk's archive"
+    assert archive.stat().st_size > 10_000_000
+
+
+def test_a_session_that_fails_or_takes_too_long_leaves_no_archive(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    jars = extra_jars(None)
+    monkeypatch.setenv("ESK_PROJECTIONS__JARS_DIR", str(jars[0].parent))  # the cache's, not resolved again
+    monkeypatch.setenv("ESK_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("ESK_PROJECTIONS__DRIVER_JAVA_OPTIONS", "-Xmx1m")  # Spark refuses a heap size here
+    with pytest.raises(RuntimeError, match="failed"):
+        class_archive.make_archive(jars)
+    monkeypatch.delenv("ESK_PROJECTIONS__DRIVER_JAVA_OPTIONS")
+    monkeypatch.setattr(class_archive, "TIMEOUT_S", 1)
+    with pytest.raises(RuntimeError, match="took more than 1s"):
+        class_archive.make_archive(jars)
+    assert list((tmp_path / "class-archives").iterdir()) == []
 
 
 def _dead_pid() -> int:

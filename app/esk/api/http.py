@@ -26,7 +26,7 @@ from ..metrics import READ_MODEL_POSITION
 from ..projections.positions import Positions
 from ..projections.positions import as_json as positions_json
 from ..projections.reader import BadFilter, ReadModelNotBuilt, ReadModelNotFound, ReadModelRows
-from ..protocol import StoredAggregate
+from ..protocol import MAX_VERSION, StoredAggregate
 from ..registry import Registry
 from ..schema.asyncapi import asyncapi_document
 from ..settings import Settings
@@ -154,8 +154,8 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
             raise Problem(404, "unknown_aggregate_type", f"no aggregate type {type_name!r}")
         AGGREGATE_ID.check(id)
         page_max = settings.api.history_page_max
-        if from_version < 1:
-            raise Problem(400, "invalid_from_version", "from_version must be 1 or more")
+        if not 1 <= from_version <= MAX_VERSION:
+            raise Problem(400, "invalid_from_version", f"from_version must be between 1 and {MAX_VERSION}")
         if limit is not None and not 1 <= limit <= page_max:
             raise Problem(400, "invalid_limit", f"limit must be between 1 and {page_max}")
         if history is None:

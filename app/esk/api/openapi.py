@@ -21,7 +21,7 @@ from pydantic import BaseModel
 from ..domain.aggregate import AggregateType, Event
 from ..kafka.topics import TopicNames
 from ..projections.catalog import Projection, configured_read_models
-from ..protocol import STATE_UNUSABLE, Status
+from ..protocol import MAX_VERSION, STATE_UNUSABLE, Status
 from ..registry import Registry
 from ..settings import Settings
 from .commands import AGGREGATE_ID, COMMAND_ID, POSITION_HEADER, VERSION_TAG_PATTERN, command_url
@@ -370,7 +370,7 @@ def _history_operation(registry: Registry, topics: TopicNames, page_max: int) ->
         "operationId": "get_history",
         "parameters": [
             *_aggregate_path_parameters(registry),
-            _parameter("from_version", "query", _count(1), "The first version the page holds (default 1)"),
+            _parameter("from_version", "query", _count(1) | {"maximum": MAX_VERSION}, "The first version the page holds (default 1)"),
             _parameter(
                 "limit", "query", _count(1) | {"maximum": page_max},
                 f"Events the page holds at most (default and at most {page_max}, ESK_API__HISTORY_PAGE_MAX)",

@@ -173,10 +173,10 @@ def decode(raw: DataFrame) -> DataFrame:
 
 
 def upcast(events: DataFrame, settings: Settings, categories: tuple[str, ...]) -> DataFrame:
-    """`events` (one micro-batch, cached) with `data` brought to each event type's current
-    schema version by the domain's own upcasters. A Python UDF is evaluated for every row
-    of its input, even under F.when, so only the rows of an older version go through it:
-    they are split off, upcast, and put back."""
+    """`events` (one micro-batch, decoded from its cached records) with `data` brought to
+    each event type's current schema version by the domain's own upcasters. A Python UDF
+    is evaluated for every row of its input, even under F.when, so only the rows of an
+    older version go through it: they are split off, upcast, and put back."""
     older = older_version(settings, categories)
     if older is None:
         return events

@@ -10,7 +10,9 @@ generation starts with a new checkpoint and batch ids from 0.
 from __future__ import annotations
 
 import json
+import shutil
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,7 +77,7 @@ def run(
         spark.conf.set(key, value)
     path = tables.path(name, generation)
     schema = spark.createDataFrame([], projection.columns).schema
-    _create_table(spark, path, schema, projection.model.partition_by)
+    _create_table(spark, path, tables.checkpoint(name, generation), schema, projection.model.partition_by, generation == current)
     summary = RunSummary(name, generation)
     app_id = f"esk.{settings.app}.{name}.g{generation}"
     categories = projection.model.categories
@@ -97,6 +99,7 @@ def run(
             if stale:
                 upcast_kept = events = upcast(events, settings, categories).persist()
                 upcast_kept.count()
+                kept.unpersist()  # the upcast cache is built: it no longer needs this one
             on_driver = count <= settings.projections.driver_write_max_events
             writer = BatchWriter(spark, app_id, batch_id, str(path), on_driver, schema)
             if not count:
@@ -155,20 +158,16 @@ def run(
 
 
 class ColumnsChanged(Exception):
-    """The read model declares other columns than its table has: a batch's rows would not
-    fit it, and the rows already there were computed by another version of the read model."""
+    """The read model declares other columns (or partitioning) than its table has: a
+    batch's rows would not fit it, and the rows already there were computed by another
+    version of the read model."""
 
 
-def _create_table(spark: SparkSession, path: Path, schema: StructType, partition_by: tuple[str, ...]) -> None:
-    """The generation's table, unless it is there (then its columns must be `schema`'s):
-    Spark's check of an existing table rebuilds its snapshot, seconds of a one-shot run on
-    a big table, which a batch that delta-rs writes has no use for."""
-    from deltalake import DeltaTable as DeltaRs
-
-    if DeltaRs.is_deltatable(str(path)):
-        changes = column_changes(json.loads(DeltaRs(str(path)).schema().to_json()), schema)
-        if changes:
-            raise ColumnsChanged(f"the table at {path} has other columns than the read model declares ({'; '.join(changes)})")
+def _create_table(
+    spark: SparkSession, path: Path, checkpoint: Path, schema: StructType, partition_by: tuple[str, ...], read: bool
+) -> None:
+    """The generation's table, unless it is there as the read model declares it."""
+    if _table_fits(path, checkpoint, schema, partition_by, read):
         return
     builder = DeltaTable.createIfNotExists(spark).location(str(path)).addColumns(schema)
     for key, value in TABLE_PROPERTIES.items():
@@ -178,14 +177,39 @@ def _create_table(spark: SparkSession, path: Path, schema: StructType, partition
     builder.execute()
 
 
-def column_changes(table_schema: dict[str, Any], declared: StructType) -> list[str]:
-    """How `declared` differs from a Delta table's schema (its JSON, which is Spark's), by
-    column name and type; nullability and column order aside."""
+def _table_fits(path: Path, checkpoint: Path, schema: StructType, partition_by: tuple[str, ...], read: bool) -> bool:
+    """Whether the table is there as the read model declares it. When it is there as
+    another: a generation readers use (`read`) is refused, naming the changes; one still
+    being built (a first run or a rebuild that stopped before readers moved to it) is
+    removed, checkpoint and all, to start over. (Checked with delta-rs: Spark's check
+    rebuilds the table's snapshot, seconds of a one-shot run on a big table.)"""
+    from deltalake import DeltaTable as DeltaRs
+
+    if not DeltaRs.is_deltatable(str(path)):
+        return False
+    table = DeltaRs(str(path))
+    changes = table_changes(json.loads(table.schema().to_json()), table.metadata().partition_columns, schema, partition_by)
+    if not changes:
+        return True
+    if read:
+        raise ColumnsChanged(f"the table at {path} is not what the read model declares ({'; '.join(changes)})")
+    shutil.rmtree(path)
+    shutil.rmtree(checkpoint, ignore_errors=True)
+    return False
+
+
+def table_changes(
+    table_schema: dict[str, Any], table_partitions: Sequence[str], declared: StructType, partition_by: Sequence[str]
+) -> list[str]:
+    """How the declared columns and partitioning differ from a Delta table's (its schema's
+    JSON, which is Spark's): by column name and type, nullability and column order aside."""
     held = {f.name: f.dataType.simpleString() for f in StructType.fromJson(table_schema).fields}
     wanted = {f.name: f.dataType.simpleString() for f in declared.fields}
     changes = [f"{name} is new" for name in wanted.keys() - held.keys()]
     changes += [f"{name} is gone" for name in held.keys() - wanted.keys()]
     changes += [f"{name} was {held[name]}, now {wanted[name]}" for name in wanted.keys() & held.keys() if held[name] != wanted[name]]
+    if list(table_partitions) != list(partition_by):
+        changes.append(f"partitioned by ({', '.join(table_partitions)}), now by ({', '.join(partition_by)})")
     return sorted(changes)
 
 
@@ -204,7 +228,7 @@ def _compact(path: str) -> None:
 
 def _counts(records: DataFrame, events: DataFrame, older: Column | None) -> tuple[int, int]:
     """The batch's events, and those of an older schema version, in one pass; the records
-    are decoded only to find the older ones (and then only the fields that tells)."""
+    are decoded only when the read model's types have older versions to look for."""
     if older is None:
         return records.count(), 0
     row = events.agg(F.count(F.lit(1)), F.count_if(older)).first()

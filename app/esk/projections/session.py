@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import sys
 from pathlib import Path
 
@@ -58,7 +59,7 @@ def spark_session(settings: Settings, app_name: str = "esk", archive_to: Path | 
         builder = (
             builder.master(p.spark_master)
             .config("spark.pyspark.python", sys.executable)
-            .config("spark.driver.extraJavaOptions", " ".join([p.driver_java_options, *_class_sharing(jars, archive_to)]))
+            .config("spark.driver.extraJavaOptions", " ".join([p.driver_java_options, *_class_sharing(jars, archive_to)]).strip())
         )
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
@@ -66,9 +67,10 @@ def spark_session(settings: Settings, app_name: str = "esk", archive_to: Path | 
 
 
 def _class_sharing(jars: list[Path], archive_to: Path | None) -> list[str]:
-    if archive_to is not None:
-        return [f"-XX:ArchiveClassesAtExit={archive_to}"]
-    return sharing_options(jars)
+    """Quoted: Spark splits the driver's Java options at spaces outside quotes, and the
+    archive's path is the cache's, which may hold one."""
+    options = [f"-XX:ArchiveClassesAtExit={archive_to}"] if archive_to is not None else sharing_options(jars)
+    return [shlex.quote(option) for option in options]
 
 
 def _submitted() -> bool:
