@@ -139,9 +139,9 @@ class ProjectionSettings(BaseModel):
     spark_master: str = "local[2]"
     driver_memory: str = "1g"
     # The driver JVM's options in local mode (under spark-submit, the cluster's
-    # configuration has them). Java's default collector (G1) by default: with ParallelGC a
-    # catch-up took 0.85 of the time, but a `--continuous` run died of an OutOfMemoryError
-    # after 28 minutes (docs/benchmarks.md).
+    # configuration has them). Java's default collector (G1) by default: ParallelGC caught
+    # up faster, but a long `--continuous` run under it died of an OutOfMemoryError
+    # (docs/benchmarks.md).
     driver_java_options: str = ""
     shuffle_partitions: int = 4
     # How often `--continuous` looks for new events: a small batch takes about a second
