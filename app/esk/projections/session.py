@@ -16,6 +16,16 @@ from ..jars import jars_dir
 from ..settings import Settings
 from .class_archive import sharing_options
 
+# Every `persist()` of a session where one of these is on makes Spark's cache manager clone
+# the session to build the cache with them off, and the clone stays on the driver's heap
+# after the `unpersist()`: a micro-batch caches its records, so a continuous run leaked a
+# session a batch until its driver ran out of memory (docs/benchmarks.md). Off, the cache
+# is built in the session itself. Neither changes a plan of esk's: no table is bucketed,
+# and adaptive execution is off in a streaming query's batches.
+CACHE_WITHOUT_CLONES = {
+    "spark.sql.sources.bucketing.autoBucketedScan.enabled": "false",
+    "spark.sql.adaptive.applyFinalStageShuffleOptimizations": "false",
+}
 _VERSIONED = re.compile(r"^(?P<artifact>.+?)-\d[\w.\-]*\.jar$")
 
 
@@ -51,6 +61,7 @@ def spark_session(settings: Settings, app_name: str = "esk", archive_to: Path | 
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.streaming.stopGracefullyOnShutdown", "true")
+        .config(map=CACHE_WITHOUT_CLONES)
     )
     if not _submitted():
         # Local mode: the Python workers run the domain's upcasters, so they use this

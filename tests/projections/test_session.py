@@ -1,0 +1,47 @@
+"""esk's Spark session keeps no state per cached DataFrame: a continuous run caches each
+micro-batch's records, and a session left behind by every cache filled the driver's heap
+within half an hour."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import pytest
+
+pytest.importorskip("pyspark")
+
+from esk.projections.session import spark_session
+from esk.settings import Settings
+
+pytestmark = pytest.mark.spark
+
+SESSION_CLASS = "org.apache.spark.sql.classic.SparkSession"
+
+
+def _live_sessions(jvm_pid: int) -> int:
+    """SparkSession objects the JVM still reaches, after a full collection (`jmap -histo:live`)."""
+    jmap = shutil.which("jmap")
+    assert jmap, "jmap (the JDK's) is needed to count the driver's live objects"
+    histogram = subprocess.run([jmap, "-histo:live", str(jvm_pid)], capture_output=True, text=True, check=True).stdout
+    match = re.search(rf"^\s*\d+:\s+(\d+)\s+\d+\s+{re.escape(SESSION_CLASS)}\s*$", histogram, re.MULTILINE)
+    return int(match.group(1)) if match else 0
+
+
+def test_caching_a_dataframe_leaves_no_session_behind() -> None:
+    spark = spark_session(Settings(_env_file=None), "esk-tests-session")
+    try:
+        jvm_pid = int(spark.sparkContext._jvm.ProcessHandle.current().pid())  # type: ignore[union-attr]
+        frame = spark.range(1000).selectExpr("id", "id % 7 AS k")
+        frame.persist().count()
+        frame.unpersist(blocking=True)
+        before = _live_sessions(jvm_pid)
+        assert before >= 1
+        for n in range(20):
+            kept = spark.range(1000 + n).selectExpr("id", "id % 7 AS k").persist()
+            assert kept.groupBy("k").count().count() == 7
+            kept.unpersist(blocking=True)
+        assert _live_sessions(jvm_pid) == before
+    finally:
+        spark.stop()
