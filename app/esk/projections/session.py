@@ -22,7 +22,7 @@ from .class_archive import sharing_options
 # session a batch until its driver ran out of memory (docs/benchmarks.md). Off, the cache
 # is built in the session itself. Neither changes a plan of esk's: no table is bucketed,
 # and adaptive execution is off in a streaming query's batches.
-CACHE_WITHOUT_CLONES = {
+CACHE_WITHOUT_CLONES: dict[str, str | int | float | bool | None] = {
     "spark.sql.sources.bucketing.autoBucketedScan.enabled": "false",
     "spark.sql.adaptive.applyFinalStageShuffleOptimizations": "false",
 }
