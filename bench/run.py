@@ -42,7 +42,7 @@ class Sizes:
 QUICK = Sizes(50_000, 5_000, http_e2e.QUICK,
               W4Sizes(events=50_000, lag_rate=20, lag_s=30), subscribers.QUICK)
 FULL = Sizes(1_000_000, 100_000, http_e2e.FULL,
-             W4Sizes(events=1_000_000, lag_rate=20, lag_s=120), subscribers.FULL)
+             projection.FULL, subscribers.FULL)
 
 
 async def run(sizes: Sizes, partitions: int, budget_mb: int, with_peer: bool) -> Report:
@@ -140,6 +140,7 @@ def ratios(report: Report, budget_mb: int) -> list[tuple[str, float | None, str]
         ("W2 commands/s over HTTP at saturation", report.get("W2", http_e2e.SATURATION), ">= 3000"),
         (f"W2 p99 latency at {http_e2e.FIXED_RATE:,} commands/s (ms)", report.get("W2", http_e2e.latency_row("p99", http_e2e.FIXED_RATE)), "<= 50"),
         *subscribers.ratios(report),
+        *projection.ratios(report),
     ]
 
 
