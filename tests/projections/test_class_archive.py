@@ -39,6 +39,33 @@ def test_an_archive_is_keyed_by_its_jars_and_used_only_once_in_place(tmp_path: P
     assert class_archive.sharing_options(jars) == [f"-XX:SharedArchiveFile={archive}"]
 
 
+def test_making_an_archive_removes_those_no_session_maps_again(tmp_path: Path) -> None:
+    folder = tmp_path / "class-archives"
+    folder.mkdir()
+    mine, gone = tmp_path / "venv" / "pyspark", tmp_path / "removed-venv" / "pyspark"
+    mine.mkdir(parents=True)
+    other = tmp_path / "other-venv" / "pyspark"
+    other.mkdir(parents=True)
+
+    def archive(name: str, owner: Path | None) -> Path:
+        path = folder / f"spark-{name}.jsa"
+        path.write_bytes(b"classes")
+        if owner is not None:
+            path.with_suffix(".owner").write_text(str(owner))
+        return path
+
+    current = archive("current", mine)
+    replaced = archive("replaced", mine)  # the same pyspark, since with another Java or jars
+    orphaned = archive("orphaned", gone)
+    elsewhere = archive("elsewhere", other)
+    unrecorded = archive("unrecorded", None)
+    class_archive._remove_stale(current, str(mine))
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        [current.name, current.with_suffix(".owner").name, elsewhere.name, elsewhere.with_suffix(".owner").name, unrecorded.name]
+    )
+    assert not replaced.exists() and not orphaned.exists()
+
+
 def test_a_session_shares_the_archive_s_classes() -> None:
     archive = class_archive.make_archive(extra_jars(None))  # made by `make setup`, else now
     probe = "from esk.projections.session import spark_session; from esk.settings import Settings; " \
@@ -52,6 +79,7 @@ def test_a_session_shares_the_archive_s_classes() -> None:
     from_esk = [line for line in done.stdout.splitlines() if "source: shared objects file (top)" in line]
     assert any("org.apache.spark.sql.delta" in line for line in from_esk), "no Delta class came from esk's archive"
     assert archive.stat().st_size > 10_000_000
+    assert archive.with_suffix(".owner").read_text() == class_archive._pyspark_home()
 
 
 def test_a_session_that_fails_or_takes_too_long_leaves_no_archive(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -37,7 +37,7 @@ def archive_path(jars: Sequence[Path]) -> Path:
     import pyspark
 
     digest = hashlib.sha256()
-    for part in (_java_identity(), pyspark.__version__, str(Path(pyspark.__file__).parent), *map(_file_identity, jars)):
+    for part in (_java_identity(), pyspark.__version__, _pyspark_home(), *map(_file_identity, jars)):
         digest.update(part.encode() + b"\0")
     return cache_dir() / "class-archives" / f"spark-{digest.hexdigest()[:12]}.jsa"
 
@@ -54,8 +54,12 @@ def make_archive(jars: Sequence[Path]) -> Path:
     archive = archive_path(jars)
     archive.parent.mkdir(parents=True, exist_ok=True)
     _remove_abandoned(archive)
+    owner = _owner_file(archive)
     if archive.exists():
+        if not owner.exists():  # made before owners were recorded
+            owner.write_text(_pyspark_home())
         return archive
+    _remove_stale(archive, _pyspark_home())
     partial = archive.with_name(f"{archive.stem}.{os.getpid()}.partial")
     try:
         # A session of its own: on a timeout its JVM goes down with it, before it writes.
@@ -73,6 +77,7 @@ def make_archive(jars: Sequence[Path]) -> Path:
             tail = "\n".join(output.strip().splitlines()[-5:])
             raise RuntimeError(f"the session that makes the class archive failed (exit {maker.returncode}): {tail}")
         os.replace(partial, archive)
+        owner.write_text(_pyspark_home())
     except OSError as error:
         raise RuntimeError(f"could not make the class archive: {error}") from None
     finally:
@@ -86,6 +91,31 @@ def _remove_abandoned(archive: Path) -> None:
         pid = partial.suffixes[-2].lstrip(".")
         if pid.isdigit() and not alive(int(pid)):
             partial.unlink(missing_ok=True)
+
+
+def _remove_stale(archive: Path, owner: str) -> None:
+    """The archives made for `owner` (a pyspark's folder) under another key, and those made
+    for a pyspark that is gone. (A JVM that maps one goes on with it: the file's data stays
+    until the JVM unmaps it.) An archive whose owner is not recorded is left."""
+    for other in archive.parent.glob("spark-*.jsa"):
+        recorded = _owner_file(other)
+        try:
+            theirs = recorded.read_text().strip()
+        except OSError:
+            continue
+        if other != archive and (theirs == owner or not Path(theirs).is_dir()):
+            other.unlink(missing_ok=True)
+            recorded.unlink(missing_ok=True)
+
+
+def _owner_file(archive: Path) -> Path:
+    return archive.with_suffix(".owner")
+
+
+def _pyspark_home() -> str:
+    import pyspark
+
+    return str(Path(pyspark.__file__).parent)
 
 
 def _file_identity(path: Path) -> str:
