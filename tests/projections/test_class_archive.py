@@ -25,6 +25,17 @@ def test_an_archive_is_keyed_by_its_jars_and_used_only_once_in_place(tmp_path: P
     archive = class_archive.archive_path(jars)
     assert archive.parent == tmp_path / "class-archives"
     assert class_archive.archive_path(jars[:1]) != archive  # another class path, another archive
+    # pyspark's own jars count as well: a venv made again in place has them of other times.
+    home = tmp_path / "venv" / "pyspark"
+    (home / "jars").mkdir(parents=True)
+    shipped = home / "jars" / "spark-core.jar"
+    shipped.write_bytes(b"classes")
+    monkeypatch.setattr(class_archive, "_pyspark_home", lambda: str(home))
+    installed = class_archive.archive_path(jars)
+    os.utime(shipped, ns=(0, 0))
+    assert class_archive.archive_path(jars) != installed
+    monkeypatch.undo()
+    monkeypatch.setenv("ESK_CACHE_DIR", str(tmp_path))
     assert class_archive.sharing_options(jars) == []
     archive.parent.mkdir()
     # Partial archives are never mapped: a killed maker's is removed, a live one's kept.
@@ -69,13 +80,13 @@ def test_making_an_archive_removes_those_no_session_maps_again(tmp_path: Path) -
 def test_a_session_shares_the_archive_s_classes() -> None:
     archive = class_archive.make_archive(extra_jars(None))  # made by `make setup`, else now
     probe = "from esk.projections.session import spark_session; from esk.settings import Settings; " \
-            "print(spark_session(Settings(_env_file=None), 'esk-probe').range(5).count())"
+            "print('count=%d' % spark_session(Settings(_env_file=None), 'esk-probe').range(5).count())"
     # -Xshare:on fails rather than run without; the JDK's own archive would satisfy it, so
     # the classes' log says which archive each came from: "(top)" is esk's, on top of it.
     env = {**os.environ, "ESK_PROJECTIONS__DRIVER_JAVA_OPTIONS": "-Xshare:on -Xlog:class+load=info"}
     done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "5" in done.stdout.splitlines()  # the count, among the class-load lines
+    assert "count=5" in done.stdout  # among the JVM's class-load lines, which share the pipe
     from_esk = [line for line in done.stdout.splitlines() if "source: shared objects file (top)" in line]
     assert any("org.apache.spark.sql.delta" in line for line in from_esk), "no Delta class came from esk's archive"
     assert archive.stat().st_size > 10_000_000

@@ -31,13 +31,15 @@ TIMEOUT_S = 600
 
 
 def archive_path(jars: Sequence[Path]) -> Path:
-    """Where the archive of this Java and these jars lives: an archive records the class
-    path (pyspark's jars and esk's) and the JVM it was made by, and a JVM of another Java
-    or class path runs without it."""
+    """Where the archive of this Java and these jars lives: an archive records the JVM it
+    was made by and each jar of the class path (pyspark's and esk's) by its size and time,
+    and a JVM whose Java or jars differ cannot map it (a venv made again at the same path
+    has pyspark's jars of other times)."""
     import pyspark
 
+    shipped = sorted((Path(_pyspark_home()) / "jars").glob("*.jar"))
     digest = hashlib.sha256()
-    for part in (_java_identity(), pyspark.__version__, _pyspark_home(), *map(_file_identity, jars)):
+    for part in (_java_identity(), pyspark.__version__, *map(_file_identity, [*shipped, *jars])):
         digest.update(part.encode() + b"\0")
     return cache_dir() / "class-archives" / f"spark-{digest.hexdigest()[:12]}.jsa"
 
