@@ -140,8 +140,8 @@ class ProjectionSettings(BaseModel):
     driver_memory: str = "1g"
     # The driver JVM's options in local mode (under spark-submit, the cluster's
     # configuration has them). Java's default collector (G1) by default: ParallelGC caught
-    # up faster, but a long `--continuous` run under it died of an OutOfMemoryError
-    # (docs/benchmarks.md).
+    # up faster, but has not run a long `--continuous` run since the one that died of the
+    # session leak since fixed (docs/benchmarks.md).
     driver_java_options: str = ""
     shuffle_partitions: int = 4
     # How often `--continuous` looks for new events: a small batch takes about a second

@@ -30,12 +30,11 @@ def test_an_archive_is_keyed_by_its_jars_and_used_only_once_in_place(tmp_path: P
     (home / "jars").mkdir(parents=True)
     shipped = home / "jars" / "spark-core.jar"
     shipped.write_bytes(b"classes")
-    monkeypatch.setattr(class_archive, "_pyspark_home", lambda: str(home))
-    installed = class_archive.archive_path(jars)
-    os.utime(shipped, ns=(0, 0))
-    assert class_archive.archive_path(jars) != installed
-    monkeypatch.undo()
-    monkeypatch.setenv("ESK_CACHE_DIR", str(tmp_path))
+    with monkeypatch.context() as patched:
+        patched.setattr(class_archive, "_pyspark_home", lambda: str(home))
+        installed = class_archive.archive_path(jars)
+        os.utime(shipped, ns=(0, 0))
+        assert class_archive.archive_path(jars) != installed
     assert class_archive.sharing_options(jars) == []
     archive.parent.mkdir()
     # Partial archives are never mapped: a killed maker's is removed, a live one's kept.

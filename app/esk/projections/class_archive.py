@@ -34,12 +34,10 @@ def archive_path(jars: Sequence[Path]) -> Path:
     """Where the archive of this Java and these jars lives: an archive records the JVM it
     was made by and each jar of the class path (pyspark's and esk's) by its size and time,
     and a JVM whose Java or jars differ cannot map it (a venv made again at the same path
-    has pyspark's jars of other times)."""
-    import pyspark
-
+    has pyspark's jars of other times; their names carry Spark's version)."""
     shipped = sorted((Path(_pyspark_home()) / "jars").glob("*.jar"))
     digest = hashlib.sha256()
-    for part in (_java_identity(), pyspark.__version__, *map(_file_identity, [*shipped, *jars])):
+    for part in (_java_identity(), *map(_file_identity, [*shipped, *jars])):
         digest.update(part.encode() + b"\0")
     return cache_dir() / "class-archives" / f"spark-{digest.hexdigest()[:12]}.jsa"
 
@@ -56,12 +54,12 @@ def make_archive(jars: Sequence[Path]) -> Path:
     archive = archive_path(jars)
     archive.parent.mkdir(parents=True, exist_ok=True)
     _remove_abandoned(archive)
-    owner = _owner_file(archive)
+    owner, home = _owner_file(archive), _pyspark_home()
     if archive.exists():
         if not owner.exists():  # made before owners were recorded
-            owner.write_text(_pyspark_home())
+            owner.write_text(home)
         return archive
-    _remove_stale(archive, _pyspark_home())
+    _remove_stale(archive, home)
     partial = archive.with_name(f"{archive.stem}.{os.getpid()}.partial")
     try:
         # A session of its own: on a timeout its JVM goes down with it, before it writes.
@@ -79,7 +77,7 @@ def make_archive(jars: Sequence[Path]) -> Path:
             tail = "\n".join(output.strip().splitlines()[-5:])
             raise RuntimeError(f"the session that makes the class archive failed (exit {maker.returncode}): {tail}")
         os.replace(partial, archive)
-        owner.write_text(_pyspark_home())
+        owner.write_text(home)
     except OSError as error:
         raise RuntimeError(f"could not make the class archive: {error}") from None
     finally:
