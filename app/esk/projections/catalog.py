@@ -59,6 +59,12 @@ class Merge:
     delete_if: str | None = None  # a matched row is deleted where this holds (before any update)
 
 
+# A lookup broadcasts the keys of a batch of at most this many events, and shuffles the
+# keys of a bigger one: a 1 GB driver broadcast a few million keys, and failed on twelve
+# million after minutes (docs/benchmarks.md).
+BROADCAST_KEYS_MAX = 1_000_000
+
+
 @dataclass(frozen=True)
 class BatchWriter:
     """Idempotent writes of one micro-batch; `step` tells apart several writes of a batch.
@@ -79,6 +85,7 @@ class BatchWriter:
     path: str  # the table's location: for appends, and for reading it beside a MERGE into it
     on_driver: bool = False
     schema: StructType | None = None  # the table's columns; None: read from the table
+    events: int = 0  # in the batch: more than the keys a lookup can be given
     cached: list[DataFrame] = field(default_factory=list)  # by `cache`, until `release`
 
     @property
@@ -111,7 +118,10 @@ class BatchWriter:
         A small batch's keys are collected and the table is read by delta-rs, filtered on
         them: Spark would first rebuild its snapshot of the table (which delta-rs's writes
         have moved on) and scan all of it, seconds a batch. A big batch joins the table
-        with its keys, broadcast."""
+        with its keys, broadcast when the batch is small enough for the driver to hold all
+        its keys (BROADCAST_KEYS_MAX), else by a shuffle: a catch-up after a long stop may
+        touch millions of keys, and a broadcast the driver cannot hold fails the batch
+        each time the query starts again."""
         from pyspark.sql import functions as F
 
         on = [on] if isinstance(on, str) else list(on)
@@ -120,7 +130,7 @@ class BatchWriter:
             if _empty(self.path):  # a catch-up's first batch: nothing to read, nor to plan a scan of
                 return self.spark.createDataFrame([], self.columns)
             table = self.read()
-            return table.join(F.broadcast(wanted), on).select(*table.columns)
+            return table.join(F.broadcast(wanted) if self.events <= BROADCAST_KEYS_MAX else wanted, on).select(*table.columns)
         columns = self.columns
         rows = _driver_lookup(self.path, wanted.toArrow(), columns)
         found = self.spark.createDataFrame(rows if rows.num_rows else [], columns)

@@ -101,7 +101,7 @@ def run(
                 upcast_kept.count()
                 kept.unpersist()  # the upcast cache is built: it no longer needs this one
             on_driver = count <= settings.projections.driver_write_max_events
-            writer = BatchWriter(spark, app_id, batch_id, str(path), on_driver, schema)
+            writer = BatchWriter(spark, app_id, batch_id, str(path), on_driver, schema, count)
             if not count:
                 rows = 0
             elif on_driver:
