@@ -8,7 +8,6 @@ import random
 import shutil
 import uuid
 from collections import defaultdict
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,6 @@ from pyspark.sql import SparkSession  # noqa: E402
 from esk.kafka.topics import TopicNames  # noqa: E402
 from esk.projections.catalog import Tables  # noqa: E402
 from esk.projections.runner import run  # noqa: E402
-from esk.projections.session import spark_session  # noqa: E402
 from esk.settings import Settings  # noqa: E402
 from projections.read_models import READ_MODELS, RECENT_ORDERS  # noqa: E402
 from tests.system import events_topic, read_topic, system  # noqa: E402
@@ -31,14 +29,6 @@ from tests.system import events_topic, read_topic, system  # noqa: E402
 PROJECTIONS = {p.model.name: p for p in READ_MODELS}
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
-
-
-@pytest.fixture(scope="module")
-def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
-    settings = Settings(_env_file=None)
-    session = spark_session(settings, "esk-tests")
-    yield session
-    session.stop()
 
 
 async def _drive(settings: Settings) -> None:

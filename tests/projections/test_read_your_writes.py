@@ -6,7 +6,6 @@ and written with `import esk` alone, run continuously, shows a command's row."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,6 @@ from pyspark.sql import functions as F  # noqa: E402
 import esk  # noqa: E402
 from esk.projections.catalog import Tables  # noqa: E402
 from esk.projections.runner import run  # noqa: E402
-from esk.projections.session import spark_session  # noqa: E402
 from esk.settings import Settings  # noqa: E402
 from projections.read_models import READ_MODELS  # noqa: E402
 from tests.counters import Added, counters  # noqa: E402
@@ -28,13 +26,6 @@ from tests.system import system, wait_for  # noqa: E402
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
 BALANCES = {p.model.name: p for p in READ_MODELS}["account_balances"]
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    session = spark_session(Settings(_env_file=None), "esk-tests-read-your-writes")
-    yield session
-    session.stop()
 
 
 async def test_a_read_after_a_commands_position_shows_that_command(settings: Settings, spark: SparkSession, tmp_path: Path) -> None:

@@ -4,7 +4,6 @@ BROADCAST_KEYS_MAX events, as a broadcast of more could exceed what the driver h
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,19 +13,10 @@ pyspark = pytest.importorskip("pyspark")
 from pyspark.sql import DataFrame, SparkSession  # noqa: E402
 
 from esk.projections.catalog import BROADCAST_KEYS_MAX, BatchWriter, session_conf  # noqa: E402
-from esk.projections.session import spark_session  # noqa: E402
-from esk.settings import Settings  # noqa: E402
 
 pytestmark = pytest.mark.spark
 
 COLUMNS = "customer_id STRING, order_id STRING, total BIGINT"
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    session = spark_session(Settings(_env_file=None), "esk-tests-lookup")
-    yield session
-    session.stop()
 
 
 def lookup(spark: SparkSession, path: Path, events: int) -> DataFrame:

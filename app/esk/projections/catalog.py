@@ -85,7 +85,7 @@ class BatchWriter:
     path: str  # the table's location: for appends, and for reading it beside a MERGE into it
     on_driver: bool = False
     schema: StructType | None = None  # the table's columns; None: read from the table
-    events: int = 0  # in the batch: more than the keys a lookup can be given
+    events: int = 0  # the batch's: at least as many as the keys any lookup of it is given
     cached: list[DataFrame] = field(default_factory=list)  # by `cache`, until `release`
 
     @property
