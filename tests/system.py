@@ -18,7 +18,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import ConsumerRecord
 from fastapi import FastAPI
 
-from esk.api.http import create_app
+from esk.api.http import create_app, server_options
 from esk.broker.ports import free_port
 from esk.kafka.client_options import client_options
 from esk.kafka.reader import read_committed
@@ -80,7 +80,8 @@ async def api_app(settings: Settings, registry: Registry) -> AsyncIterator[tuple
     """An API server, and its app (`app.state` holds its replica and history index)."""
     port = free_port()
     app = create_app(settings, registry)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
+    options = server_options(settings) | {"host": "127.0.0.1", "port": port, "log_level": "warning"}
+    server = uvicorn.Server(uvicorn.Config(app, lifespan="on", **options))
     serving = asyncio.create_task(server.serve())
     try:
         await wait_for(lambda: server.started or serving.done(), what="API started")

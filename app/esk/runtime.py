@@ -73,22 +73,14 @@ def run_api(settings: Settings) -> None:
     # (W3's time to ready) that it has no use for.
     import uvicorn
 
-    from .api.http import create_app
+    from .api.http import create_app, server_options
 
     return_large_blocks()
     tracing.setup(settings, "api")
     registry = load_registry(settings.domain)
     app = create_app(settings, registry)
     _freeze_startup_objects()
-    uvicorn.run(
-        app,
-        host=settings.api.host,
-        port=settings.api.port,
-        log_level=settings.log_level.lower(),
-        log_config=None,  # its lines through esk's handler (esk.logs): one format, text or JSON
-        access_log=False,
-        timeout_graceful_shutdown=10,
-    )
+    uvicorn.run(app, **server_options(settings))
 
 
 def run_subscriber(settings: Settings, name: str) -> None:

@@ -117,6 +117,11 @@ class ApiSettings(BaseModel):
     # How long a read of a read model may wait for the positions it is given (`after`).
     read_wait_max_s: float = 30.0
     max_body_bytes: int = 64 * 1024
+    # How long an idle keep-alive connection stays open. Longer than the idle timeout of
+    # the proxies and load balancers in front (60 s for most): one that closes first can
+    # race a request the proxy sends on it, which then fails (a reset, a 502). uvicorn's
+    # own default is 5 s.
+    keep_alive_s: int = Field(default=75, ge=1)
     retry_after_s: int = 1
     # Bearer tokens allowed to call the API; empty = auth off.
     auth_tokens: list[str] = Field(default_factory=list)

@@ -259,3 +259,33 @@ async def test_a_read_models_setting_that_names_nothing_is_a_problem_not_a_crash
         assert r.status_code == 503 and r.json()["code"] == "read_models_misconfigured"
         assert "no_such_module" in r.json()["detail"]
         await open_account(s.client, new_id())
+
+
+async def _healthz(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bytes:
+    """One GET /healthz on an open connection; its answer's status line."""
+    writer.write(b"GET /healthz HTTP/1.1\r\nHost: esk\r\n\r\n")
+    await writer.drain()
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length"))
+    await reader.readexactly(length)
+    return head.split(b"\r\n")[0]
+
+
+async def test_an_idle_connection_stays_open_as_long_as_configured(settings: Settings) -> None:
+    """A proxy in front reuses idle connections until its own idle timeout (60 s for most);
+    the API must not close them first, as uvicorn's default of 5 s does."""
+    for keep_alive_s, idle_s, stays_open in ((None, 5.5, True), (1, 2.0, False)):
+        api_settings = settings.api if keep_alive_s is None else settings.api.model_copy(update={"keep_alive_s": keep_alive_s})
+        async with system(settings.model_copy(update={"api": api_settings}), processors=0) as s:
+            url = s.client.base_url
+            assert url.host is not None and url.port is not None
+            reader, writer = await asyncio.open_connection(url.host, url.port)
+            try:
+                assert await _healthz(reader, writer) == b"HTTP/1.1 200 OK"
+                await asyncio.sleep(idle_s)
+                if stays_open:
+                    assert await _healthz(reader, writer) == b"HTTP/1.1 200 OK"
+                else:
+                    assert await reader.read() == b""  # the server closed it
+            finally:
+                writer.close()

@@ -1,5 +1,5 @@
 """The load generator's HTTP client against a real uvicorn server: statuses, bodies of any
-size, keep-alive reuse, a server that closes the connection, and an unreachable server."""
+size, keep-alive reuse and expiry, a server that closes the connection, and an unreachable server."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ async def test_statuses_keep_alive_and_closed_connections() -> None:
     server = uvicorn.Server(uvicorn.Config(Starlette(routes=[Route("/s/{status}", answer, methods=["POST"])]),
                                            host="127.0.0.1", port=port, log_level="warning"))
     serving = asyncio.create_task(server.serve())
-    client = HttpClient(f"http://127.0.0.1:{port}", timeout_s=10)
+    client = HttpClient(f"http://127.0.0.1:{port}", timeout_s=10, idle_max_s=1.0)
     try:
         await wait_for(lambda: server.started, what="server started")
         statuses = [await client.post(f"/s/{s}", b"x" * 100, {"Content-Type": "text/plain"}) for s in (200, 422, 404, 200)]
@@ -43,6 +43,11 @@ async def test_statuses_keep_alive_and_closed_connections() -> None:
         assert len(peers) == 2
         many = await asyncio.gather(*(client.post("/s/200", b"w", {}) for _ in range(50)))
         assert many == [200] * 50
+        peers.clear()
+        await client.post("/s/200", b"v", {})
+        await asyncio.sleep(1.2)  # past idle_max_s: the connection is not used again
+        await client.post("/s/200", b"u", {})
+        assert len(peers) == 2
     finally:
         client.close()
         server.should_exit = True

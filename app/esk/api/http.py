@@ -55,6 +55,19 @@ def _fastapi_telemetry(settings: Settings) -> dict[str, Any]:
     return {}
 
 
+def server_options(settings: Settings) -> dict[str, Any]:
+    """How uvicorn serves the API (`uvicorn.Config`'s arguments)."""
+    return {
+        "host": settings.api.host,
+        "port": settings.api.port,
+        "log_level": settings.log_level.lower(),
+        "log_config": None,  # its lines through esk's handler (esk.logs): one format, text or JSON
+        "access_log": False,
+        "timeout_keep_alive": settings.api.keep_alive_s,
+        "timeout_graceful_shutdown": 10,
+    }
+
+
 def create_app(settings: Settings, registry: Registry) -> FastAPI:
     gateway = CommandGateway(settings)
     names = TopicNames(settings.app)
