@@ -162,8 +162,9 @@ class Cluster:
         return self._add(EskProcess("subscriber", name, env, self.workdir / f"{name}.log", port, (subscription,)))
 
     def projection(self, name: str, read_model: str, continuous: bool = True, **settings: str) -> EskProcess:
-        """`esk project run READ_MODEL [--continuous]`. Stopping it (SIGTERM) is safe: every
-        batch's Delta writes are idempotent and the next run goes on from the checkpoint."""
+        """`esk project run READ_MODEL [--continuous]`. Stopping it (SIGTERM) lets the batch in
+        flight end; one cut short is safe as well: every batch's Delta writes are idempotent
+        and the next run goes on from the checkpoint."""
         env = self._env(settings)
         args = ("run", read_model, *(("--continuous",) if continuous else ()))
         return self._add(EskProcess("project", name, env, self.workdir / f"{name}.log", 0, args))

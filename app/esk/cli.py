@@ -240,7 +240,7 @@ def project_run(
     rebuild: Annotated[bool, typer.Option("--rebuild", help="Rebuild from the earliest offsets into a new table; readers switch once it caught up.")] = False,
 ) -> None:
     """Catch the read model up with its event streams (and stop, unless --continuous)."""
-    from .projections.runner import ColumnsChanged, run
+    from .projections.runner import ColumnsChanged, run, stop_on_signals
 
     settings = load_settings()
     projections = read_models(settings)
@@ -248,7 +248,7 @@ def project_run(
         raise fail(f"no read model {name!r}; `esk project list` shows them")
     require_kafka_access(settings)
     try:
-        summary = run(settings, projections[name], continuous=continuous, rebuild=rebuild, console=console)
+        summary = run(settings, projections[name], continuous=continuous, rebuild=rebuild, console=console, stop=stop_on_signals(console))
     except ColumnsChanged as e:
         raise fail(f"{name}: {e}: `esk project run {name} --rebuild` builds a table of its new columns from the events") from None
     console.print(

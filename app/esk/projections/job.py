@@ -8,8 +8,10 @@ from __future__ import annotations
 import argparse
 import os
 
+from rich.console import Console
+
 from esk.projections.catalog import configured_read_models
-from esk.projections.runner import run
+from esk.projections.runner import run, stop_on_signals
 from esk.settings import Settings
 
 
@@ -22,7 +24,9 @@ def main() -> None:
     parser.add_argument("--rebuild", action="store_true")
     args = parser.parse_args()
     os.environ["ESK_SPARK_SUBMITTED"] = "1"  # the master comes from spark-submit, not from settings
-    run(settings, read_models[args.name], continuous=args.continuous, rebuild=args.rebuild)
+    console = Console(stderr=True)
+    stop = stop_on_signals(console)
+    run(settings, read_models[args.name], continuous=args.continuous, rebuild=args.rebuild, console=console, stop=stop)
 
 
 if __name__ == "__main__":

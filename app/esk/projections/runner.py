@@ -11,15 +11,19 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from delta.tables import DeltaTable
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.streaming.readwriter import DataStreamWriter
 from pyspark.sql.types import StructType
 from rich.console import Console
@@ -43,6 +47,11 @@ TABLE_PROPERTIES = {
 }
 VACUUM_EVERY_S = 3600.0  # a continuous run removes unreferenced files this often
 LAG_REPORT_EVERY_S = 10  # and logs its lag this often
+POLL_S = 1  # seconds: how soon a run notices it is asked to stop
+# How long a stop waits for the batch in flight: below the grace a supervisor gives before
+# it kills (Kubernetes: 30 s). A batch still running then is interrupted, and runs again
+# at the next start (its writes are idempotent).
+STOP_WAIT_S = 20.0
 # Every batch adds files, whichever writer wrote it: the runner compacts them (delta-rs, in
 # the batch, so never beside a write) every so many batches. Spark's auto compaction would
 # follow Spark's writes only, and rewrote a catch-up's first write at once.
@@ -66,7 +75,10 @@ def run(
     rebuild: bool = False,
     console: Console | None = None,
     spark: SparkSession | None = None,
+    stop: threading.Event | None = None,
 ) -> RunSummary:
+    """Catches the read model up, then (`continuous`) keeps it up until the query stops or
+    `stop` is set; a stop waits for the batch in flight to end (STOP_WAIT_S at most)."""
     console = console or Console(stderr=True)
     name = projection.model.name
     tables = Tables(settings.projections.warehouse_dir)
@@ -131,20 +143,28 @@ def run(
     def writer() -> DataStreamWriter:
         return event_stream(spark, settings, categories).writeStream.foreachBatch(batch).option("checkpointLocation", str(tables.checkpoint(name, generation)))
 
+    stopping = stop.is_set if stop is not None else lambda: False
     query = writer().trigger(availableNow=True).start()
-    query.awaitTermination()
+    while query.isActive and not stopping():
+        query.awaitTermination(POLL_S)  # raises what failed the query
     summary.lag = _lag(query.lastProgress)
+    if query.isActive:  # asked to stop before it caught up: readers stay where they are
+        _stop_between_batches(query, console, name)
+        return summary
     if current != generation:
         tables.switch(name, generation)  # caught up: readers move over now, never earlier
         console.print(f"{name}: readers now use generation {generation} ({path})", highlight=False)
-    if continuous:
+    if continuous and not stopping():
         query = writer().trigger(processingTime=f"{settings.projections.trigger_interval_s} seconds").start()
-        vacuumed = time.monotonic()
+        report_every_s = max(LAG_REPORT_EVERY_S, round(settings.projections.trigger_interval_s * 2))
+        reported = vacuumed = time.monotonic()
         try:
-            while query.isActive:
-                query.awaitTermination(max(LAG_REPORT_EVERY_S, round(settings.projections.trigger_interval_s * 2)))
-                summary.lag = _lag(query.lastProgress)
-                console.print(f"{name} lag per partition: {summary.lag or 'none'}", highlight=False)
+            while query.isActive and not stopping():
+                query.awaitTermination(POLL_S)
+                if time.monotonic() - reported > report_every_s:
+                    summary.lag = _lag(query.lastProgress)
+                    console.print(f"{name} lag per partition: {summary.lag or 'none'}", highlight=False)
+                    reported = time.monotonic()
                 if time.monotonic() - vacuumed > VACUUM_EVERY_S:
                     # Beside the query, not in a batch, so the lag does not wait for it;
                     # Delta lets a VACUUM run alongside writes.
@@ -153,7 +173,8 @@ def run(
         except KeyboardInterrupt:
             pass
         finally:
-            query.stop()
+            _stop_between_batches(query, console, name)
+            summary.lag = _lag(query.lastProgress)
     return summary
 
 
@@ -211,6 +232,35 @@ def table_changes(
     if list(table_partitions) != list(partition_by):
         changes.append(f"partitioned by ({', '.join(table_partitions)}), now by ({', '.join(partition_by)})")
     return sorted(changes)
+
+
+def stop_on_signals(console: Console) -> threading.Event:
+    """An event that SIGTERM (a supervisor's stop) or SIGINT sets, for `run`'s `stop`: the
+    run then stops between batches. A second signal stops at once, as Ctrl-C does. (By
+    Python's default, SIGTERM ends the process in the middle of a batch, its JVM with it.)"""
+    stop = threading.Event()
+
+    def asked(signum: int, frame: FrameType | None) -> None:
+        if stop.is_set():
+            signal.default_int_handler(signum, frame)
+        console.print(f"{signal.Signals(signum).name}: stopping after the batch in flight", highlight=False)
+        stop.set()
+
+    for stop_signal in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(stop_signal, asked)
+    return stop
+
+
+def _stop_between_batches(query: StreamingQuery, console: Console, name: str, wait_s: float = STOP_WAIT_S) -> None:
+    """Stops the query once the batch in flight has ended (its offsets committed), or after
+    `wait_s`: stopping it mid-batch throws the batch's work away, to be done again."""
+    deadline = time.monotonic() + wait_s
+    while query.isActive and query.status["isTriggerActive"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    interrupted = query.isActive and query.status["isTriggerActive"]
+    query.stop()
+    if interrupted:
+        console.print(f"{name}: stopped in the middle of a batch; it runs again at the next start", highlight=False)
 
 
 def _vacuum(path: str) -> None:
