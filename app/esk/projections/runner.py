@@ -255,8 +255,11 @@ def _stop_between_batches(query: StreamingQuery, console: Console, name: str, wa
     """Stops the query once the batch in flight has ended (its offsets committed), or after
     `wait_s`: stopping it mid-batch throws the batch's work away, to be done again."""
     deadline = time.monotonic() + wait_s
-    while query.isActive and query.status["isTriggerActive"] and time.monotonic() < deadline:
-        time.sleep(0.1)
+    try:
+        while query.isActive and query.status["isTriggerActive"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+    except KeyboardInterrupt:  # asked again: stop now
+        pass
     interrupted = query.isActive and query.status["isTriggerActive"]
     query.stop()
     if interrupted:
