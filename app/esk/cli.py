@@ -256,6 +256,12 @@ def project_run(
         f"{summary.rows:,} rows merged; lag {sum(summary.lag.values())}",
         highlight=False,
     )
+    if not summary.caught_up:
+        # A script that runs `esk project run --rebuild && ...` must not go on as if readers
+        # had moved to the new generation; a supervisor's stop of --continuous is its end.
+        console.print(f"{name}: stopped before it caught up; readers stay where they were", highlight=False)
+        if not continuous:
+            raise typer.Exit(1)
 
 
 @cli.command("sql")

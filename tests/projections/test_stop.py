@@ -1,6 +1,7 @@
-"""`esk project run --continuous` asked to stop as a supervisor asks (SIGTERM) in the middle
-of a batch: the batch ends, its rows and its offsets are committed, and the process exits
-cleanly, not killed with its JVM mid-write."""
+"""`esk project run` asked to stop as a supervisor asks (SIGTERM) in the middle of a batch:
+the batch ends, its rows and its offsets are committed, and the process exits cleanly, not
+killed with its JVM mid-write. A run stopped before it caught up says so, and readers stay
+where they were."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -24,7 +26,7 @@ from esk.projections.positions import read_model_positions
 from esk.projections.reader import ReadModelRows
 from esk.settings import Settings
 from tests.projections.test_read_your_writes import USER_READ_MODELS
-from tests.system import system, wait_for
+from tests.system import System, system, wait_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
@@ -32,6 +34,7 @@ REPO = Path(__file__).resolve().parents[2]
 BATCH_STARTED = "ESK_TEST_BATCH_STARTED"  # a file the read model writes as a batch starts
 BATCH_S = 4.0  # how long each batch then takes: the stop lands in the middle of it
 [TOTALS] = USER_READ_MODELS
+NAME = TOTALS.model.name
 
 
 def _slow_totals(events: DataFrame, writer: esk.BatchWriter) -> int:
@@ -43,18 +46,24 @@ def _slow_totals(events: DataFrame, writer: esk.BatchWriter) -> int:
 SLOW_READ_MODELS = [esk.Projection(TOTALS.model, TOTALS.columns, _slow_totals)]
 
 
-async def test_a_stop_in_the_middle_of_a_batch_lets_the_batch_end_and_exits_cleanly(settings: Settings, tmp_path: Path) -> None:
-    settings = settings.model_copy(
+def _settings(settings: Settings, tmp_path: Path) -> Settings:
+    return settings.model_copy(
         update={
             "domain": "tests.counters:AGGREGATES",
             "read_models": f"{__name__}:SLOW_READ_MODELS",
             "projections": settings.projections.model_copy(update={"warehouse_dir": tmp_path / "warehouse"}),
         }
     )
-    name = TOTALS.model.name
-    tables = Tables(settings.projections.warehouse_dir)
+
+
+async def _stopped_in_a_batch(
+    s: System, tmp_path: Path, args: tuple[str, ...], before: Callable[[Path], Awaitable[None]], **env: str
+) -> tuple[int, str]:
+    """Runs `esk project run NAME *args` as a process; once `before(started)` returned and
+    a batch has started, sends it SIGTERM. Its exit code and output."""
     started = tmp_path / "batch-started"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ESK_")} | {
+    settings = s.settings
+    variables = {k: v for k, v in os.environ.items() if not k.startswith("ESK_")} | {
         "ESK_APP": settings.app,
         "ESK_KAFKA__BOOTSTRAP_SERVERS": settings.bootstrap_servers,
         "ESK_TOPICS__PARTITIONS": str(settings.topics.partitions),
@@ -63,32 +72,63 @@ async def test_a_stop_in_the_middle_of_a_batch_lets_the_batch_end_and_exits_clea
         "ESK_PROJECTIONS__WAREHOUSE_DIR": str(settings.projections.warehouse_dir),
         "PYTHONPATH": str(REPO),
         BATCH_STARTED: str(started),
+        **env,
     }
     log_path = tmp_path / "project.log"
+    with log_path.open("wb") as log:
+        project = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "esk", "project", "run", NAME, *args, env=variables, stdout=log, stderr=subprocess.STDOUT
+        )
+    try:
+        await before(started)
+        await wait_for(started.exists, timeout_s=300, what="a batch with events to start")
+        project.send_signal(signal.SIGTERM)
+        code = await asyncio.wait_for(project.wait(), 120)
+    finally:
+        if project.returncode is None:
+            project.kill()
+            await project.wait()
+    return code, log_path.read_text()
+
+
+async def test_a_stop_in_the_middle_of_a_batch_lets_the_batch_end_and_exits_cleanly(settings: Settings, tmp_path: Path) -> None:
+    settings = _settings(settings, tmp_path)
+    tables = Tables(settings.projections.warehouse_dir)
     async with system(settings) as s:
         assert (await s.client.post("/v1/counters/c1/start", json={})).status_code == 200
-        with log_path.open("wb") as log:
-            project = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "esk", "project", "run", name, "--continuous", env=env, stdout=log, stderr=subprocess.STDOUT
-            )
-        try:
-            await wait_for(lambda: tables.current_generation(name) is not None, timeout_s=300, what="the table built")
-            started.unlink()
+        positions: list[dict[str, str | int]] = []
+
+        async def add_once_caught_up(started: Path) -> None:
+            await wait_for(lambda: tables.current_generation(NAME) is not None, timeout_s=300, what="the table built")
+            await asyncio.to_thread(started.unlink)
             added = await s.client.post("/v1/counters/c1/add", json={"n": 5})
             assert added.status_code == 200, added.text
-            await wait_for(started.exists, timeout_s=120, what="a batch with the add to start")
-            project.send_signal(signal.SIGTERM)
-            code = await asyncio.wait_for(project.wait(), 120)
-        finally:
-            if project.returncode is None:
-                project.kill()
-                await project.wait()
-    output = log_path.read_text()
+            positions.append(added.json()["position"])
+
+        code, output = await _stopped_in_a_batch(s, tmp_path, ("--continuous",), add_once_caught_up)
     assert code == 0, output
     assert "SIGTERM: stopping after the batch in flight" in output
     assert "stopped in the middle of a batch" not in output and "Traceback" not in output
     # the batch's rows are in the table, and its offsets are committed: a next run starts after it
-    assert ReadModelRows(settings).read(name, {"counter_id": "c1"}, limit=10) == [{"counter_id": "c1", "total": 5, "version": 2}]
-    position = added.json()["position"]
-    reflected = read_model_positions(tables, name)
-    assert reflected is not None and reflected[position["topic"], position["partition"]] >= position["offset"]
+    assert ReadModelRows(settings).read(NAME, {"counter_id": "c1"}, limit=10) == [{"counter_id": "c1", "total": 5, "version": 2}]
+    [position] = positions
+    reflected = read_model_positions(tables, NAME)
+    assert reflected is not None and reflected[str(position["topic"]), int(position["partition"])] >= int(position["offset"])
+
+
+async def test_a_stop_before_the_catch_up_ends_leaves_readers_where_they_were(settings: Settings, tmp_path: Path) -> None:
+    settings = _settings(settings, tmp_path)
+    async with system(settings) as s:
+        for command, body in (("start", {}), ("add", {"n": 1}), ("add", {"n": 2})):
+            assert (await s.client.post(f"/v1/counters/c1/{command}", json=body)).status_code == 200
+
+        async def nothing(_started: Path) -> None:
+            pass
+
+        # One offset a batch: the stop lands in the first of several.
+        code, output = await _stopped_in_a_batch(s, tmp_path, (), nothing, ESK_PROJECTIONS__MAX_OFFSETS_PER_TRIGGER="1")
+    assert code == 1, output
+    assert "stopped before it caught up; readers stay where they were" in output
+    # the first batch ended (the next one, already started, may be cut short at its start)
+    assert "batch 0: 1 events" in output and "stopped in the middle of a batch" not in output
+    assert Tables(settings.projections.warehouse_dir).current_generation(NAME) is None

@@ -66,6 +66,7 @@ class RunSummary:
     events: int = 0
     rows: int = 0
     lag: dict[str, int] = field(default_factory=dict)
+    caught_up: bool = False  # False: stopped before it had read up to the newest events
 
 
 def run(
@@ -75,10 +76,11 @@ def run(
     rebuild: bool = False,
     console: Console | None = None,
     spark: SparkSession | None = None,
-    stop: threading.Event | None = None,
+    stop: StopRequest | None = None,
 ) -> RunSummary:
     """Catches the read model up, then (`continuous`) keeps it up until the query stops or
-    `stop` is set; a stop waits for the batch in flight to end (STOP_WAIT_S at most)."""
+    `stop` asks; a stop lets the batch in flight end (STOP_WAIT_S at most). Readers move to
+    a new generation only once it has caught up (`RunSummary.caught_up`)."""
     console = console or Console(stderr=True)
     name = projection.model.name
     tables = Tables(settings.projections.warehouse_dir)
@@ -143,24 +145,28 @@ def run(
     def writer() -> DataStreamWriter:
         return event_stream(spark, settings, categories).writeStream.foreachBatch(batch).option("checkpointLocation", str(tables.checkpoint(name, generation)))
 
-    stopping = stop.is_set if stop is not None else lambda: False
-    query = writer().trigger(availableNow=True).start()
-    while query.isActive and not stopping():
-        query.awaitTermination(POLL_S)  # raises what failed the query
-    summary.lag = _lag(query.lastProgress)
-    if query.isActive:  # asked to stop before it caught up: readers stay where they are
-        _stop_between_batches(query, console, name)
+    stop = stop or StopRequest()
+    if stop.asked.is_set():  # during Spark's start
         return summary
+    query = writer().trigger(availableNow=True).start()
+    _await(query, stop)
+    stopped = query.isActive
+    if stopped:
+        _stop_between_batches(query, stop, console, name)
+    summary.lag = _lag(query.lastProgress)
+    # A stop that let the last batch end at the newest offsets it saw has caught up too.
+    summary.caught_up = not stopped or (query.lastProgress is not None and not any(summary.lag.values()))
+    if not summary.caught_up:
+        return summary  # readers stay on the generation they use
     if current != generation:
         tables.switch(name, generation)  # caught up: readers move over now, never earlier
         console.print(f"{name}: readers now use generation {generation} ({path})", highlight=False)
-    if continuous and not stopping():
+    if continuous and not stop.asked.is_set():
         query = writer().trigger(processingTime=f"{settings.projections.trigger_interval_s} seconds").start()
         report_every_s = max(LAG_REPORT_EVERY_S, round(settings.projections.trigger_interval_s * 2))
         reported = vacuumed = time.monotonic()
         try:
-            while query.isActive and not stopping():
-                query.awaitTermination(POLL_S)
+            while _await(query, stop, POLL_S):
                 if time.monotonic() - reported > report_every_s:
                     summary.lag = _lag(query.lastProgress)
                     console.print(f"{name} lag per partition: {summary.lag or 'none'}", highlight=False)
@@ -170,10 +176,10 @@ def run(
                     # Delta lets a VACUUM run alongside writes.
                     _vacuum(str(path))
                     vacuumed = time.monotonic()
-        except KeyboardInterrupt:
+        except KeyboardInterrupt:  # a caller's Ctrl-C (the CLI's signals only ask)
             pass
         finally:
-            _stop_between_batches(query, console, name)
+            _stop_between_batches(query, stop, console, name)
             summary.lag = _lag(query.lastProgress)
     return summary
 
@@ -234,36 +240,74 @@ def table_changes(
     return sorted(changes)
 
 
-def stop_on_signals(console: Console) -> threading.Event:
-    """An event that SIGTERM (a supervisor's stop) or SIGINT sets, for `run`'s `stop`: the
-    run then stops between batches. A second signal stops at once, as Ctrl-C does. (By
-    Python's default, SIGTERM ends the process in the middle of a batch, its JVM with it.)"""
-    stop = threading.Event()
+@dataclass
+class StopRequest:
+    """Asks a run to stop: between batches (`asked`), or at once (`now`)."""
 
-    def asked(signum: int, frame: FrameType | None) -> None:
-        if stop.is_set():
-            signal.default_int_handler(signum, frame)
+    asked: threading.Event = field(default_factory=threading.Event)
+    now: threading.Event = field(default_factory=threading.Event)
+
+
+def stop_on_signals(console: Console) -> StopRequest:
+    """A stop request that SIGTERM (a supervisor's stop) or SIGINT makes: the first asks
+    `run` to stop between batches, a second to stop at once. (By Python's default, SIGTERM
+    ends the process in the middle of a batch, its JVM with it.) The handlers only set
+    events: an exception raised inside a call to the JVM would leave py4j's connection
+    waiting for an answer that is never read."""
+    stop = StopRequest()
+
+    def asked(signum: int, _frame: FrameType | None) -> None:
+        if stop.asked.is_set():
+            stop.now.set()
+            return
         console.print(f"{signal.Signals(signum).name}: stopping after the batch in flight", highlight=False)
-        stop.set()
+        stop.asked.set()
 
     for stop_signal in (signal.SIGINT, signal.SIGTERM):
         signal.signal(stop_signal, asked)
     return stop
 
 
-def _stop_between_batches(query: StreamingQuery, console: Console, name: str, wait_s: float = STOP_WAIT_S) -> None:
-    """Stops the query once the batch in flight has ended (its offsets committed), or after
-    `wait_s`: stopping it mid-batch throws the batch's work away, to be done again."""
+def _await(query: StreamingQuery, stop: StopRequest, timeout_s: int | None = None) -> bool:
+    """Waits until the query ends, a stop is asked, or `timeout_s` passes (None: no limit);
+    whether the query goes on. Raises what failed the query."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while query.isActive and not stop.asked.is_set() and (deadline is None or time.monotonic() < deadline):
+        query.awaitTermination(POLL_S)
+    if not query.isActive:
+        query.awaitTermination()  # at once; raises if the query failed since the last look
+        return False
+    return not stop.asked.is_set()
+
+
+def _stop_between_batches(query: StreamingQuery, stop: StopRequest, console: Console, name: str, wait_s: float = STOP_WAIT_S) -> None:
+    """Stops the query once the batch in flight has ended (and committed its offsets), or at
+    once when `stop.now` is set or after `wait_s`: a batch stopped midway is work thrown
+    away, to be done again. Waits for that batch, not for a pause between batches, which a
+    query that is behind never makes."""
+    in_flight = _batch_id(query)
     deadline = time.monotonic() + wait_s
+
+    def running() -> bool:
+        return query.isActive and bool(query.status["isTriggerActive"]) and _batch_id(query) == in_flight
+
+    ended = False
     try:
-        while query.isActive and query.status["isTriggerActive"] and time.monotonic() < deadline:
+        while not (ended := not running()) and not stop.now.is_set() and time.monotonic() < deadline:
             time.sleep(0.1)
-    except KeyboardInterrupt:  # asked again: stop now
+    except KeyboardInterrupt:  # a caller's second Ctrl-C
         pass
-    interrupted = query.isActive and query.status["isTriggerActive"]
+    # A query that is behind has started its next batch by now: the stop cuts that one short
+    # at its start, and it runs again at the next start, as one cut short here does.
     query.stop()
-    if interrupted:
+    if not ended:
         console.print(f"{name}: stopped in the middle of a batch; it runs again at the next start", highlight=False)
+
+
+def _batch_id(query: StreamingQuery) -> int | None:
+    """The id of the last batch the query finished (None before its first)."""
+    progress = query.lastProgress
+    return None if progress is None else int(progress["batchId"])
 
 
 def _vacuum(path: str) -> None:
