@@ -149,7 +149,8 @@ def run(
     if stop.asked.is_set():  # during Spark's start
         return summary
     query = writer().trigger(availableNow=True).start()
-    _await(query, stop)
+    while _await(query, stop):
+        pass
     stopped = query.isActive
     if stopped:
         _stop_between_batches(query, stop, console, name)
@@ -166,7 +167,7 @@ def run(
         report_every_s = max(LAG_REPORT_EVERY_S, round(settings.projections.trigger_interval_s * 2))
         reported = vacuumed = time.monotonic()
         try:
-            while _await(query, stop, POLL_S):
+            while _await(query, stop):
                 if time.monotonic() - reported > report_every_s:
                     summary.lag = _lag(query.lastProgress)
                     console.print(f"{name} lag per partition: {summary.lag or 'none'}", highlight=False)
@@ -268,11 +269,10 @@ def stop_on_signals(console: Console) -> StopRequest:
     return stop
 
 
-def _await(query: StreamingQuery, stop: StopRequest, timeout_s: int | None = None) -> bool:
-    """Waits until the query ends, a stop is asked, or `timeout_s` passes (None: no limit);
-    whether the query goes on. Raises what failed the query."""
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    while query.isActive and not stop.asked.is_set() and (deadline is None or time.monotonic() < deadline):
+def _await(query: StreamingQuery, stop: StopRequest) -> bool:
+    """Waits POLL_S at most for the query to end; whether it goes on (it runs, and no stop
+    is asked). Raises what failed the query."""
+    if query.isActive and not stop.asked.is_set():
         query.awaitTermination(POLL_S)
     if not query.isActive:
         query.awaitTermination()  # at once; raises if the query failed since the last look
