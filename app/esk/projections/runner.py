@@ -10,17 +10,19 @@ generation starts with a new checkpoint and batch ids from 0.
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import signal
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 from delta.tables import DeltaTable
+from py4j.protocol import Py4JJavaError
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
@@ -142,10 +144,15 @@ def run(
             highlight=False,
         )
 
-    def writer() -> DataStreamWriter:
-        return event_stream(spark, settings, categories).writeStream.foreachBatch(batch).option("checkpointLocation", str(tables.checkpoint(name, generation)))
-
     stop = stop or StopRequest()
+
+    def writer() -> DataStreamWriter:
+        return (
+            event_stream(spark, settings, categories)
+            .writeStream.foreachBatch(_interruptible(batch, stop))
+            .option("checkpointLocation", str(tables.checkpoint(name, generation)))
+        )
+
     if stop.asked.is_set():  # during Spark's start
         return summary
     query = writer().trigger(availableNow=True).start()
@@ -278,6 +285,60 @@ def _await(query: StreamingQuery, stop: StopRequest) -> bool:
         query.awaitTermination()  # at once; raises if the query failed since the last look
         return False
     return not stop.asked.is_set()
+
+
+# What Spark (StreamExecution.isInterruptionException) reads in a foreachBatch function's
+# error as an interruption by the query's stop, which then ends the query quietly. Its
+# regex recurses once for each character that follows the match's start: the traceback of
+# a batch interrupted in a call to the JVM, which carries the Java stack, overflowed the
+# stream thread's stack, and each such stop logged a StackOverflowError.
+INTERRUPTED_BY_STOP = "py4j.protocol.Py4JJavaError: An error occurred while calling the batch: java.lang.InterruptedException"
+_JAVA_INTERRUPTIONS = {"java.lang.InterruptedException", "java.io.InterruptedIOException", "java.nio.channels.ClosedByInterruptException"}
+
+
+class BatchInterrupted(Exception):
+    """A batch cut short by a stop (`_stop_between_batches`): it runs again at the next start."""
+
+
+class _NotLoggedWhenInterrupted(logging.Filter):
+    """py4j logs every error of a Python function the JVM calls, traceback and all: a batch
+    cut short by a stop is not one."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], BatchInterrupted))
+
+
+_PY4J_FILTER = _NotLoggedWhenInterrupted()
+
+
+def _interruptible(batch: Callable[[DataFrame, int], None], stop: StopRequest) -> Callable[[DataFrame, int], None]:
+    """`batch`, raising BatchInterrupted, with a message Spark reads as a stop, when the stop
+    `_stop_between_batches` asked for interrupts it (in a call to the JVM): a query that is
+    behind starts its next batch before the stop lands, and a second signal or STOP_WAIT_S
+    interrupts the one in flight."""
+    logging.getLogger("py4j.clientserver").addFilter(_PY4J_FILTER)
+
+    def interruptible(records: DataFrame, batch_id: int) -> None:
+        try:
+            batch(records, batch_id)
+        except Py4JJavaError as error:
+            if stop.asked.is_set() and _interruption(error):
+                raise BatchInterrupted(INTERRUPTED_BY_STOP) from None  # `from None`: no Java stack in the message
+            raise
+
+    return interruptible
+
+
+def _interruption(error: Py4JJavaError) -> bool:
+    """Whether the JVM's error is an interruption (the thread's, or its job's cancellation),
+    as Spark tells them apart."""
+    cause = error.java_exception
+    while cause is not None:
+        name = cause.getClass().getName()
+        if name in _JAVA_INTERRUPTIONS or (name == "org.apache.spark.SparkException" and "cancelled" in str(cause.getMessage())):
+            return True
+        cause = cause.getCause()
+    return False
 
 
 def _stop_between_batches(query: StreamingQuery, stop: StopRequest, console: Console, name: str, wait_s: float = STOP_WAIT_S) -> None:
