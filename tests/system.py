@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
@@ -173,3 +174,22 @@ async def read_topic(settings: Settings, topic: str, decode: bool = True) -> lis
 
 def events_topic(settings: Settings, aggregate_type: str) -> str:
     return TopicNames(settings.app).events(aggregate_type)
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def esk_env(settings: Settings, **more: str) -> dict[str, str]:
+    """The environment of an `esk` command run as its own process with `settings` (the
+    caller's own ESK_* variables left out), its domain and read models found in this
+    repository."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("ESK_")} | {
+        "ESK_APP": settings.app,
+        "ESK_KAFKA__BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+        "ESK_TOPICS__PARTITIONS": str(settings.topics.partitions),
+        "ESK_DOMAIN": settings.domain,
+        "ESK_READ_MODELS": settings.read_models,
+        "ESK_PROJECTIONS__WAREHOUSE_DIR": str(settings.projections.warehouse_dir),
+        "PYTHONPATH": str(REPO),
+        **more,
+    }

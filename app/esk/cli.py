@@ -193,6 +193,7 @@ def dev() -> None:
     settings = load_settings()
     domain_registry(settings)  # before the broker starts: a wrong ESK_DOMAIN costs no broker start
     subscriptions = list(configured_subscriptions(settings))
+    projections = dev_read_models(settings)
     broker = EmbeddedBroker(settings.broker) if settings.uses_embedded_broker else None
     started_broker = False
     if broker is not None:
@@ -207,7 +208,9 @@ def dev() -> None:
             f"API on http://{settings.api.host}:{settings.api.port} (docs: /docs); Ctrl-C stops everything",
             highlight=False,
         )
-        run_dev(settings, subscriptions)
+        if projections:
+            console.print(f"read models, kept up by one Spark driver: {', '.join(projections)}", highlight=False)
+        run_dev(settings, subscriptions, read_models=bool(projections))
     finally:
         if broker is not None and started_broker:
             broker.stop()
@@ -235,33 +238,42 @@ def project_list() -> None:
 
 @project_cli.command("run")
 def project_run(
-    name: Annotated[str, typer.Argument(help="A read model (see `esk project list`).")],
+    names: Annotated[list[str] | None, typer.Argument(metavar="NAME...", help="Read models (see `esk project list`), run together in one driver.", show_default=False)] = None,
+    every: Annotated[bool, typer.Option("--all", help="Every read model the project has.")] = False,
     continuous: Annotated[bool, typer.Option("--continuous", help="Keep running after catching up.")] = False,
     rebuild: Annotated[bool, typer.Option("--rebuild", help="Rebuild from the earliest offsets into a new table; readers switch once it caught up.")] = False,
 ) -> None:
-    """Catch the read model up with its event streams (and stop, unless --continuous)."""
-    from .projections.runner import ColumnsChanged, run, stop_on_signals
+    """Catch read models up with their event streams (and stop, unless --continuous)."""
+    from .projections.catalog import select_read_models
+    from .projections.runner import ColumnsChanged, RunFailed, run_several, stop_on_signals
 
     settings = load_settings()
     projections = read_models(settings)
-    if name not in projections:
-        raise fail(f"no read model {name!r}; `esk project list` shows them")
+    try:
+        chosen = select_read_models(projections, names or [], every)
+    except ValueError as error:
+        raise fail(str(error)) from None
     require_kafka_access(settings)
     try:
-        summary = run(settings, projections[name], continuous=continuous, rebuild=rebuild, console=console, stop=stop_on_signals(console))
-    except ColumnsChanged as e:
-        raise fail(f"{name}: {e}: `esk project run {name} --rebuild` builds a table of its new columns from the events") from None
-    console.print(
-        f"{name}: generation {summary.generation}, {summary.batches} batches, {summary.events:,} events, "
-        f"{summary.rows:,} rows merged; lag {sum(summary.lag.values())}",
-        highlight=False,
-    )
-    if not summary.caught_up:
-        # A script that runs `esk project run --rebuild && ...` must not go on as if readers
-        # had moved to the new generation; a supervisor's stop of --continuous is its end.
-        console.print(f"{name}: stopped before it caught up; readers stay where they were", highlight=False)
-        if not continuous:
-            raise typer.Exit(1)
+        summaries = run_several(settings, chosen, continuous=continuous, rebuild=rebuild, console=console, stop=stop_on_signals(console))
+    except RunFailed as failed:
+        if isinstance(failed.error, ColumnsChanged):
+            raise fail(
+                f"{failed.name}: {failed.error}: `esk project run {failed.name} --rebuild` builds a table of its new columns from the events"
+            ) from None
+        raise fail(f"{failed.name} failed: {failed.error}") from failed.error
+    for summary in summaries:
+        console.print(
+            f"{summary.name}: generation {summary.generation}, {summary.batches} batches, {summary.events:,} events, "
+            f"{summary.rows:,} rows merged; lag {sum(summary.lag.values())}",
+            highlight=False,
+        )
+        if not summary.caught_up:
+            console.print(f"{summary.name}: stopped before it caught up; readers stay where they were", highlight=False)
+    # A script that runs `esk project run --rebuild && ...` must not go on as if readers had
+    # moved to the new generation; a supervisor's stop of --continuous is its end.
+    if not continuous and not all(summary.caught_up for summary in summaries):
+        raise typer.Exit(1)
 
 
 @cli.command("sql")
@@ -291,15 +303,36 @@ def sql(
     print_rows(frame.columns, [list(r) for r in rows], output)
 
 
+def dev_read_models(settings: Settings) -> list[str]:
+    """The read models `esk dev` keeps up: all of the project's, unless it was told not to
+    (ESK_PROJECTIONS__RUN_IN_DEV) or Spark is not installed, which it says if the project
+    has read models."""
+    if not settings.projections.run_in_dev:
+        return []
+    if importlib.util.find_spec("pyspark") is None:
+        if _module_there(settings.read_models.partition(":")[0]):
+            console.print("read models are not kept up: they need the spark extra (pip install 'esk[spark]')", highlight=False)
+        return []
+    return list(read_models(settings))
+
+
+def _module_there(name: str) -> bool:
+    try:
+        return bool(name) and importlib.util.find_spec(name) is not None
+    except ImportError:  # a parent package that is not there
+        return False
+
+
 def read_models(settings: Settings) -> dict[str, Projection]:
+    """The user's read models (ESK_READ_MODELS), or a one-line error."""
     from .projections.catalog import configured_read_models
 
     try:
         return configured_read_models(settings)
-    except ImportError as error:
-        raise fail(f"the read models need the spark extra (pip install 'esk[spark]'): {error}") from None
-    except (LookupError, TypeError, ValueError) as error:
+    except (LookupError, TypeError, ValueError) as error:  # their messages name the setting
         raise fail(str(error)) from None
+    except ImportError as error:
+        raise fail(f"ESK_READ_MODELS={settings.read_models}: {error} (the read models need the spark extra: pip install 'esk[spark]')") from None
 
 
 @cli.command("jars")

@@ -101,15 +101,17 @@ def run_subscriber(settings: Settings, name: str) -> None:
 DEV_STOP_TIMEOUT_S = 20.0
 
 
-def run_dev(settings: Settings, subscriptions: list[str]) -> None:
-    """API, processor and each subscription as child processes (as in production); Ctrl-C
-    stops all of them."""
+def run_dev(settings: Settings, subscriptions: list[str], read_models: bool = False) -> None:
+    """API, processor, each subscription and (`read_models`) the read models, all of them in
+    one Spark driver, as child processes (as in production); Ctrl-C stops all of them."""
     esk = [sys.executable, "-m", "esk"]
     env = {**os.environ, "ESK_KAFKA__BOOTSTRAP_SERVERS": settings.bootstrap_servers}
     children = [
         subprocess.Popen([*esk, "processor"], env=env),
         subprocess.Popen([*esk, "api"], env=env),
     ]
+    if read_models:
+        children.append(subprocess.Popen([*esk, "project", "run", "--all", "--continuous"], env=env))
     first_port = settings.subscriber.metrics_port
     for n, name in enumerate(subscriptions):
         # each on a metrics port of its own, the next one up

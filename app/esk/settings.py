@@ -158,6 +158,9 @@ class ProjectionSettings(BaseModel):
     driver_write_max_events: int = 20_000
     # Rows the HTTP API returns at most per projection query.
     api_row_limit: int = 1000
+    # `esk dev` keeps every read model up (`esk project run --all --continuous`, a Spark
+    # driver of ESK_PROJECTIONS__DRIVER_MEMORY).
+    run_in_dev: bool = True
 
 
 class SubscriberSettings(BaseModel):

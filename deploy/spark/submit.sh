@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Run one esk read model on a Spark cluster with spark-submit (client mode: the driver runs
+# Run esk read models on a Spark cluster with spark-submit (client mode: the driver runs
 # here, the executors on the cluster's workers). From the user's project directory, where
 # ESK_DOMAIN and ESK_READ_MODELS find the user's modules and .env is read:
 #
-#   deploy/spark/submit.sh spark://spark-master:7077 customer_recent_orders [--continuous] [--rebuild]
+#   deploy/spark/submit.sh spark://spark-master:7077 (NAME... | --all) [--continuous] [--rebuild]
 #
 # - The ESK_* settings are the driver's, as for `esk project run`; the warehouse and its
 #   checkpoints (ESK_PROJECTIONS__WAREHOUSE_DIR) must be a path that every worker and this
@@ -17,7 +17,7 @@
 #   other Spark settings (executor memory, event log, ...) go in $SPARK_CONF_DIR/spark-defaults.conf.
 set -euo pipefail
 if [[ $# -lt 2 ]]; then
-  echo "usage: $0 MASTER_URL READ_MODEL [--continuous] [--rebuild]" >&2
+  echo "usage: $0 MASTER_URL (READ_MODEL... | --all) [--continuous] [--rebuild]" >&2
   exit 2
 fi
 master=$1; shift

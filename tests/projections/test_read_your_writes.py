@@ -39,8 +39,16 @@ async def test_a_read_after_a_commands_position_shows_that_command(settings: Set
     async with system(settings) as s:
         opened = await s.client.post("/v1/accounts/ryw-1/open", json={"owner": "ada"})
         assert opened.status_code == 200, opened.text
+        first = {"account_id": "ryw-1", "after": opened.json()["position"]["token"]}
+        # not built yet, and not built in time: said so
+        r = await s.client.get(url, params={**first, "wait_ms": 300})
+        assert r.status_code == 503 and r.json()["code"] == "projection_not_built", r.text
+        # a read that waits waits for the first build too
+        waiting = asyncio.create_task(s.client.get(url, params={**first, "wait_ms": 120_000}, timeout=150))
+        await asyncio.sleep(0.5)
+        assert not waiting.done()
         await asyncio.to_thread(run, settings, BALANCES, spark=spark)
-        r = await s.client.get(url, params={"account_id": "ryw-1", "after": opened.json()["position"]["token"]})
+        r = await asyncio.wait_for(waiting, 30)
         assert r.status_code == 200, r.text
         assert [row["balance"] for row in r.json()["rows"]] == [0]
 

@@ -26,11 +26,10 @@ from esk.projections.positions import read_model_positions
 from esk.projections.reader import ReadModelRows
 from esk.settings import Settings
 from tests.projections.test_read_your_writes import USER_READ_MODELS
-from tests.system import System, system, wait_for
+from tests.system import System, esk_env, system, wait_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
-REPO = Path(__file__).resolve().parents[2]
 BATCH_STARTED = "ESK_TEST_BATCH_STARTED"  # a file the read model writes as a batch starts
 BATCH_S = 4.0  # how long each batch then takes: the stop lands in the middle of it
 [TOTALS] = USER_READ_MODELS
@@ -62,18 +61,7 @@ async def _stopped_in_a_batch(
     """Runs `esk project run NAME *args` as a process; once `before(started)` returned and
     a batch has started, sends it SIGTERM. Its exit code and output."""
     started = tmp_path / "batch-started"
-    settings = s.settings
-    variables = {k: v for k, v in os.environ.items() if not k.startswith("ESK_")} | {
-        "ESK_APP": settings.app,
-        "ESK_KAFKA__BOOTSTRAP_SERVERS": settings.bootstrap_servers,
-        "ESK_TOPICS__PARTITIONS": str(settings.topics.partitions),
-        "ESK_DOMAIN": settings.domain,
-        "ESK_READ_MODELS": settings.read_models,
-        "ESK_PROJECTIONS__WAREHOUSE_DIR": str(settings.projections.warehouse_dir),
-        "PYTHONPATH": str(REPO),
-        BATCH_STARTED: str(started),
-        **env,
-    }
+    variables = esk_env(s.settings, **{BATCH_STARTED: str(started)}, **env)
     log_path = tmp_path / "project.log"
     with log_path.open("wb") as log:
         project = await asyncio.create_subprocess_exec(

@@ -152,10 +152,27 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
         read = await _guarded(name, lambda: read_models.model(name))
         after.check_topics(name, {names.events(category) for category in read.categories})
 
-        async def read_model_positions() -> Positions:
-            return await _guarded(name, lambda: read_models.positions(name))
+        not_built: list[Problem] = []  # as last seen
 
-        positions = await after.reflected(name, read_model_positions)
+        async def read_model_positions() -> Positions:
+            not_built.clear()
+            try:
+                return await _guarded(name, lambda: read_models.positions(name))
+            except Problem as problem:
+                # A table not built yet reflects nothing: a read that waits for positions
+                # waits for the first build as well (what `esk dev` or a new deployment is
+                # running), and says it was not built if it still was not.
+                if not after.wanted or problem.code != "projection_not_built":
+                    raise
+                not_built.append(problem)
+                return {}
+
+        try:
+            positions = await after.reflected(name, read_model_positions)
+        except Problem:
+            if not_built:
+                raise not_built[0] from None
+            raise
         rows = await _read_model(name, filters, row_limit)
         return json_response({"name": name, "rows": rows, "count": len(rows), "positions": positions_json(positions)})
 

@@ -320,9 +320,26 @@ def load_read_models(spec: str) -> dict[str, Projection]:
     )
 
 
+def select_read_models(projections: Mapping[str, Projection], names: Sequence[str], every: bool) -> list[Projection]:
+    """The read models a run is asked for, by name or all of them (`every`); ValueError
+    says what is wrong with the request."""
+    if every == bool(names):
+        raise ValueError("name the read models to run, or give --all")
+    if every:
+        if not projections:
+            raise ValueError("the project has no read models (ESK_READ_MODELS)")
+        return list(projections.values())
+    unknown = [name for name in names if name not in projections]
+    if unknown:
+        raise ValueError(f"no read model {', '.join(map(repr, unknown))}; `esk project list` shows them")
+    return [projections[name] for name in dict.fromkeys(names)]
+
+
 class Tables:
     def __init__(self, warehouse: Path) -> None:
-        self.warehouse = Path(warehouse)
+        # Absolute: Delta's table builder reads a relative location such as the default
+        # `.esk/warehouse/...` as a table name, and refuses it.
+        self.warehouse = Path(warehouse).absolute()
 
     def current_generation(self, name: str) -> int | None:
         try:

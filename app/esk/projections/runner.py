@@ -48,7 +48,7 @@ TABLE_PROPERTIES = {
     "delta.deletedFileRetentionDuration": "interval 1 day",
 }
 VACUUM_EVERY_S = 3600.0  # a continuous run removes unreferenced files this often
-LAG_REPORT_EVERY_S = 10  # and logs its lag this often
+LAG_REPORT_EVERY_S = 10  # and looks at its lag this often, to log it when it changed
 POLL_S = 1  # seconds: how soon a run notices it is asked to stop
 # How long a stop waits for the batch in flight: below the grace a supervisor gives before
 # it kills (Kubernetes: 30 s). A batch still running then is interrupted, and runs again
@@ -176,8 +176,10 @@ def run(
         try:
             while _await(query, stop):
                 if time.monotonic() - reported > report_every_s:
-                    summary.lag = _lag(query.lastProgress)
-                    console.print(f"{name} lag per partition: {summary.lag or 'none'}", highlight=False)
+                    lag = _lag(query.lastProgress)
+                    if lag != summary.lag:  # a read model that keeps up says so once, not every few seconds
+                        console.print(f"{name} lag per partition: {lag or 'none'}", highlight=False)
+                    summary.lag = lag
                     reported = time.monotonic()
                 if time.monotonic() - vacuumed > VACUUM_EVERY_S:
                     # Beside the query, not in a batch, so the lag does not wait for it;
@@ -190,6 +192,53 @@ def run(
             _stop_between_batches(query, stop, console, name)
             summary.lag = _lag(query.lastProgress)
     return summary
+
+
+class RunFailed(Exception):
+    """A read model's run (of several in one driver) failed with `error`."""
+
+    def __init__(self, name: str, error: BaseException) -> None:
+        super().__init__(f"{name}: {error}")
+        self.name = name
+        self.error = error
+
+
+def run_several(
+    settings: Settings,
+    projections: Sequence[Projection],
+    continuous: bool = False,
+    rebuild: bool = False,
+    console: Console | None = None,
+    stop: StopRequest | None = None,
+) -> list[RunSummary]:
+    """`run` for each read model, all in one driver: one JVM and its memory, rather than one
+    each. Each runs in a thread of its own, on a session of its own: a batch's Delta
+    transaction is set in its session's settings (BatchWriter.run), which two read models
+    must not share. A run that fails stops the others between batches, and is raised as
+    RunFailed once they have stopped: the supervisor restarts them together."""
+    stop = stop or StopRequest()
+    names = [projection.model.name for projection in projections]
+    spark = spark_session(settings, f"esk-project-{'-'.join(names)}" if len(names) <= 3 else "esk-project")
+    summaries: dict[str, RunSummary] = {}
+    failures: list[RunFailed] = []
+
+    def one(projection: Projection) -> None:
+        name = projection.model.name
+        try:
+            summaries[name] = run(settings, projection, continuous, rebuild, console, spark.newSession(), stop)
+        except BaseException as error:  # the thread's end: whatever it was, the run failed
+            failures.append(RunFailed(name, error))
+            stop.asked.set()
+
+    threads = [threading.Thread(target=one, args=(p,), name=f"esk-project-{p.model.name}") for p in projections]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        while thread.is_alive():
+            thread.join(POLL_S)  # in steps: the main thread handles the stop's signals between them
+    if failures:
+        raise failures[0]
+    return [summaries[name] for name in names]
 
 
 class ColumnsChanged(Exception):

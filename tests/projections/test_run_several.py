@@ -1,0 +1,212 @@
+"""Several read models in one Spark driver (`esk project run NAME... | --all`, and `esk dev`'s),
+run as a user runs them: each kept up, one JVM for all of them, a stop that stops them all
+cleanly, and a read model that fails stopping the others and failing the process."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+pytest.importorskip("pyspark")
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+import esk
+from esk.broker.ports import free_port
+from esk.projections.catalog import Tables, select_read_models
+from esk.projections.reader import ReadModelRows
+from esk.settings import Settings
+from tests.counters import Added, counters
+from tests.projections.test_read_your_writes import USER_READ_MODELS
+from tests.system import esk_env, system, wait_for
+
+[TOTALS] = USER_READ_MODELS
+
+
+def _counter_adds(events: DataFrame, writer: esk.BatchWriter) -> int:
+    rows = (
+        events.filter(esk.is_event(counters, Added))
+        .groupBy(F.col("aggregate_id").alias("counter_id"))
+        .agg(F.count(F.lit(1)).alias("adds"), F.max("version").alias("version"))
+    )
+    return writer.merge(
+        rows,
+        esk.Merge(on="t.counter_id = s.counter_id", update={"adds": "t.adds + s.adds", "version": "s.version"}, update_if="s.version > t.version"),
+    )
+
+
+def _broken(events: DataFrame, writer: esk.BatchWriter) -> int:
+    raise ValueError("a bug in the user's read model")
+
+
+ADDS = esk.Projection(
+    esk.ReadModel("counter_adds", (counters,), "how many adds each counter had", order_by=("counter_id",)),
+    "counter_id STRING, adds BIGINT, version BIGINT",
+    _counter_adds,
+)
+BROKEN = esk.Projection(esk.ReadModel("broken", (counters,), "fails on its first events"), "counter_id STRING", _broken)
+TWO = [TOTALS, ADDS]
+WITH_A_BROKEN_ONE = [TOTALS, BROKEN]
+NO_SUBSCRIPTIONS: list[object] = []
+
+
+def _settings(settings: Settings, tmp_path: Path, read_models: str) -> Settings:
+    return settings.model_copy(
+        update={
+            "domain": "tests.counters:AGGREGATES",
+            "read_models": f"{__name__}:{read_models}",
+            "projections": settings.projections.model_copy(update={"warehouse_dir": tmp_path / "warehouse"}),
+        }
+    )
+
+
+def test_read_models_are_chosen_by_name_or_all() -> None:
+    projections = {p.model.name: p for p in TWO}
+    assert select_read_models(projections, [], every=True) == TWO
+    assert select_read_models(projections, ["counter_adds", "counter_totals", "counter_adds"], every=False) == [ADDS, TOTALS]
+    for names, every, error in (
+        ([], False, "name the read models to run, or give --all"),
+        (["counter_adds"], True, "name the read models to run, or give --all"),
+        (["counter_adds", "nope", "nor"], False, "no read model 'nope', 'nor'"),
+    ):
+        with pytest.raises(ValueError, match=error):
+            select_read_models(projections, names, every)
+    with pytest.raises(ValueError, match="the project has no read models"):
+        select_read_models({}, [], every=True)
+
+
+def _javas(process: psutil.Process) -> int:
+    return sum(1 for child in process.children(recursive=True) if child.name() == "java")
+
+
+@pytest.mark.kafka
+@pytest.mark.spark
+async def test_all_read_models_run_in_one_driver_and_stop_together(settings: Settings, tmp_path: Path) -> None:
+    settings = _settings(settings, tmp_path, "TWO")
+    rows = ReadModelRows(settings)
+    log = tmp_path / "project.log"
+    async with system(settings) as s:
+        with log.open("wb") as out:
+            project = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "esk", "project", "run", "--all", "--continuous",
+                env=esk_env(settings), stdout=out, stderr=subprocess.STDOUT,
+            )
+        try:
+            for command, body in (("start", {}), ("add", {"n": 2}), ("add", {"n": 5})):
+                assert (await s.client.post(f"/v1/counters/c1/{command}", json=body)).status_code == 200
+
+            def both_caught_up() -> bool:
+                tables = Tables(settings.projections.warehouse_dir)
+                return (
+                    all(tables.current_generation(p.model.name) is not None for p in TWO)
+                    and rows.read("counter_totals", {"counter_id": "c1"}, limit=1) == [{"counter_id": "c1", "total": 7, "version": 3}]
+                    and rows.read("counter_adds", {"counter_id": "c1"}, limit=1) == [{"counter_id": "c1", "adds": 2, "version": 3}]
+                )
+
+            await wait_for(lambda: project.returncode is not None or both_caught_up(), timeout_s=300, what="both read models")
+            assert project.returncode is None, log.read_text()
+            assert _javas(psutil.Process(project.pid)) == 1  # one driver for both
+            project.send_signal(signal.SIGTERM)
+            code = await asyncio.wait_for(project.wait(), 120)
+        finally:
+            if project.returncode is None:
+                project.kill()
+                await project.wait()
+    output = log.read_text()
+    assert code == 0, output
+    assert "counter_totals: generation 1" in output and "counter_adds: generation 1" in output
+    assert "Traceback" not in output
+
+
+@pytest.mark.kafka
+@pytest.mark.spark
+async def test_a_read_model_that_fails_stops_the_others_and_the_process_fails(settings: Settings, tmp_path: Path) -> None:
+    settings = _settings(settings, tmp_path, "WITH_A_BROKEN_ONE")
+    log = tmp_path / "project.log"
+    async with system(settings) as s:
+        assert (await s.client.post("/v1/counters/c1/start", json={})).status_code == 200
+        with log.open("wb") as out:
+            project = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "esk", "project", "run", "--all", "--continuous",
+                env=esk_env(settings), stdout=out, stderr=subprocess.STDOUT,
+            )
+        try:
+            # --continuous: only the failure ends it, the healthy read model's run included
+            code = await asyncio.wait_for(project.wait(), 300)
+        finally:
+            if project.returncode is None:
+                project.kill()
+                await project.wait()
+    output = log.read_text()
+    assert code == 1, output
+    assert "broken failed:" in output and "a bug in the user's read model" in output
+    assert ReadModelRows(settings).read("counter_totals", {"counter_id": "c1"}, limit=1) == [{"counter_id": "c1", "total": 0, "version": 1}]
+
+
+@pytest.mark.kafka
+@pytest.mark.spark
+def test_esk_dev_keeps_the_read_models_up(settings: Settings, tmp_path: Path) -> None:
+    settings = _settings(settings, tmp_path, "TWO")
+    api_port = free_port()
+    env = esk_env(
+        settings,
+        ESK_SUBSCRIPTIONS=f"{__name__}:NO_SUBSCRIPTIONS",
+        ESK_API__PORT=str(api_port),
+        ESK_API__STATE_DIR=str(tmp_path / "api"),
+        ESK_PROCESSOR__STATE_DIR=str(tmp_path / "processor"),
+        ESK_PROCESSOR__METRICS_PORT=str(free_port()),
+        # the default's form, relative to where esk runs (Delta once refused such a location)
+        ESK_PROJECTIONS__WAREHOUSE_DIR=".esk/warehouse",
+    )
+    log = tmp_path / "dev.log"
+    with log.open("wb") as out:
+        dev = subprocess.Popen(
+            [sys.executable, "-m", "esk", "dev"], env=env, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{api_port}", timeout=30) as client:
+            _until(lambda: _answers(client, "/readyz"), dev, log, "the API is ready")
+            assert client.post("/v1/counters/c1/start", json={}).status_code == 200
+            added = client.post("/v1/counters/c1/add", json={"n": 4})
+            assert added.status_code == 200, added.text
+            # a read that waits for the command's position: the read model is kept up by esk dev
+            token = added.json()["position"]["token"]
+            r = client.get("/v1/projections/counter_adds", params={"counter_id": "c1", "after": token, "wait_ms": 120_000}, timeout=150)
+            assert r.status_code == 200, f"{r.text}\n{log.read_text()[-4000:]}"
+            assert r.json()["rows"] == [{"counter_id": "c1", "adds": 1, "version": 2}]
+        assert _javas(psutil.Process(dev.pid)) == 1  # the read models' one driver (no embedded broker: one is given)
+        dev.send_signal(signal.SIGTERM)
+        assert dev.wait(timeout=60) == 0, log.read_text()[-4000:]
+    finally:
+        if dev.poll() is None:
+            os.killpg(dev.pid, signal.SIGKILL)
+            dev.wait()
+    output = log.read_text()
+    assert "read models, kept up by one Spark driver: counter_totals, counter_adds" in output
+    assert "counter_adds: generation 1" in output  # its run's summary: it stopped cleanly
+
+
+def _answers(client: httpx.Client, path: str) -> bool:
+    try:
+        return client.get(path, timeout=2).status_code == 200
+    except httpx.TransportError:  # not listening yet
+        return False
+
+
+def _until(holds: Callable[[], bool], dev: subprocess.Popen[bytes], log: Path, what: str, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not holds():
+        assert dev.poll() is None, f"esk dev exited before {what}:\n{log.read_text()[-4000:]}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}:\n{log.read_text()[-4000:]}"
+        time.sleep(0.2)
