@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
@@ -193,3 +195,17 @@ def esk_env(settings: Settings, **more: str) -> dict[str, str]:
         "PYTHONPATH": str(REPO),
         **more,
     }
+
+
+@asynccontextmanager
+async def esk_process(args: list[str], env: dict[str, str], log: Path) -> AsyncIterator[asyncio.subprocess.Process]:
+    """`esk *args` as its own process, its output in `log`; killed at the block's end if it
+    still runs then."""
+    with log.open("wb") as out:
+        process = await asyncio.create_subprocess_exec(sys.executable, "-m", "esk", *args, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        yield process
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()

@@ -29,7 +29,7 @@ from esk.projections.reader import ReadModelRows
 from esk.settings import Settings
 from tests.counters import Added, counters
 from tests.projections.test_read_your_writes import USER_READ_MODELS
-from tests.system import esk_env, system, wait_for
+from tests.system import esk_env, esk_process, system, wait_for
 
 [TOTALS] = USER_READ_MODELS
 
@@ -96,33 +96,23 @@ async def test_all_read_models_run_in_one_driver_and_stop_together(settings: Set
     settings = _settings(settings, tmp_path, "TWO")
     rows = ReadModelRows(settings)
     log = tmp_path / "project.log"
-    async with system(settings) as s:
-        with log.open("wb") as out:
-            project = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "esk", "project", "run", "--all", "--continuous",
-                env=esk_env(settings), stdout=out, stderr=subprocess.STDOUT,
+    async with system(settings) as s, esk_process(["project", "run", "--all", "--continuous"], esk_env(settings), log) as project:
+        for command, body in (("start", {}), ("add", {"n": 2}), ("add", {"n": 5})):
+            assert (await s.client.post(f"/v1/counters/c1/{command}", json=body)).status_code == 200
+
+        def both_caught_up() -> bool:
+            tables = Tables(settings.projections.warehouse_dir)
+            return (
+                all(tables.current_generation(p.model.name) is not None for p in TWO)
+                and rows.read("counter_totals", {"counter_id": "c1"}, limit=1) == [{"counter_id": "c1", "total": 7, "version": 3}]
+                and rows.read("counter_adds", {"counter_id": "c1"}, limit=1) == [{"counter_id": "c1", "adds": 2, "version": 3}]
             )
-        try:
-            for command, body in (("start", {}), ("add", {"n": 2}), ("add", {"n": 5})):
-                assert (await s.client.post(f"/v1/counters/c1/{command}", json=body)).status_code == 200
 
-            def both_caught_up() -> bool:
-                tables = Tables(settings.projections.warehouse_dir)
-                return (
-                    all(tables.current_generation(p.model.name) is not None for p in TWO)
-                    and rows.read("counter_totals", {"counter_id": "c1"}, limit=1) == [{"counter_id": "c1", "total": 7, "version": 3}]
-                    and rows.read("counter_adds", {"counter_id": "c1"}, limit=1) == [{"counter_id": "c1", "adds": 2, "version": 3}]
-                )
-
-            await wait_for(lambda: project.returncode is not None or both_caught_up(), timeout_s=300, what="both read models")
-            assert project.returncode is None, log.read_text()
-            assert _javas(psutil.Process(project.pid)) == 1  # one driver for both
-            project.send_signal(signal.SIGTERM)
-            code = await asyncio.wait_for(project.wait(), 120)
-        finally:
-            if project.returncode is None:
-                project.kill()
-                await project.wait()
+        await wait_for(lambda: project.returncode is not None or both_caught_up(), timeout_s=300, what="both read models")
+        assert project.returncode is None, log.read_text()
+        assert _javas(psutil.Process(project.pid)) == 1  # one driver for both
+        project.send_signal(signal.SIGTERM)
+        code = await asyncio.wait_for(project.wait(), 120)
     output = log.read_text()
     assert code == 0, output
     assert "counter_totals: generation 1" in output and "counter_adds: generation 1" in output
@@ -136,18 +126,9 @@ async def test_a_read_model_that_fails_stops_the_others_and_the_process_fails(se
     log = tmp_path / "project.log"
     async with system(settings) as s:
         assert (await s.client.post("/v1/counters/c1/start", json={})).status_code == 200
-        with log.open("wb") as out:
-            project = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "esk", "project", "run", "--all", "--continuous",
-                env=esk_env(settings), stdout=out, stderr=subprocess.STDOUT,
-            )
-        try:
+        async with esk_process(["project", "run", "--all", "--continuous"], esk_env(settings), log) as project:
             # --continuous: only the failure ends it, the healthy read model's run included
             code = await asyncio.wait_for(project.wait(), 300)
-        finally:
-            if project.returncode is None:
-                project.kill()
-                await project.wait()
     output = log.read_text()
     assert code == 1, output
     assert "broken failed:" in output and "a bug in the user's read model" in output

@@ -8,8 +8,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -26,7 +24,7 @@ from esk.projections.positions import read_model_positions
 from esk.projections.reader import ReadModelRows
 from esk.settings import Settings
 from tests.projections.test_read_your_writes import USER_READ_MODELS
-from tests.system import System, esk_env, system, wait_for
+from tests.system import System, esk_env, esk_process, system, wait_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
@@ -62,21 +60,13 @@ async def _stopped_in_a_batch(
     a batch has started, sends it SIGTERM. Its exit code and output."""
     started = tmp_path / "batch-started"
     variables = esk_env(s.settings, **{BATCH_STARTED: str(started)}, **env)
-    log_path = tmp_path / "project.log"
-    with log_path.open("wb") as log:
-        project = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "esk", "project", "run", NAME, *args, env=variables, stdout=log, stderr=subprocess.STDOUT
-        )
-    try:
+    log = tmp_path / "project.log"
+    async with esk_process(["project", "run", NAME, *args], variables, log) as project:
         await before(started)
         await wait_for(started.exists, timeout_s=300, what="a batch with events to start")
         project.send_signal(signal.SIGTERM)
         code = await asyncio.wait_for(project.wait(), 120)
-    finally:
-        if project.returncode is None:
-            project.kill()
-            await project.wait()
-    return code, log_path.read_text()
+    return code, log.read_text()
 
 
 async def test_a_stop_in_the_middle_of_a_batch_lets_the_batch_end_and_exits_cleanly(settings: Settings, tmp_path: Path) -> None:
