@@ -15,7 +15,8 @@ import shutil
 import signal
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -79,10 +80,12 @@ def run(
     console: Console | None = None,
     spark: SparkSession | None = None,
     stop: StopRequest | None = None,
+    catch_up_turn: threading.Lock | None = None,
 ) -> RunSummary:
     """Catches the read model up, then (`continuous`) keeps it up until the query stops or
     `stop` asks; a stop lets the batch in flight end (STOP_WAIT_S at most). Readers move to
-    a new generation only once it has caught up (`RunSummary.caught_up`)."""
+    a new generation only once it has caught up (`RunSummary.caught_up`). The catch-up
+    holds `catch_up_turn`, when given, as it runs."""
     console = console or Console(stderr=True)
     name = projection.model.name
     tables = Tables(settings.projections.warehouse_dir)
@@ -153,14 +156,15 @@ def run(
             .option("checkpointLocation", str(tables.checkpoint(name, generation)))
         )
 
-    if stop.asked.is_set():  # during Spark's start
-        return summary
-    query = writer().trigger(availableNow=True).start()
-    while _await(query, stop):
-        pass
-    stopped = query.isActive
-    if stopped:
-        _stop_between_batches(query, stop, console, name)
+    with _turn(catch_up_turn, stop) as turn_taken:
+        if not turn_taken:  # asked to stop during Spark's start, or while it waited its turn
+            return summary
+        query = writer().trigger(availableNow=True).start()
+        while _await(query, stop):
+            pass
+        stopped = query.isActive
+        if stopped:
+            _stop_between_batches(query, stop, console, name)
     summary.lag = _lag(query.lastProgress)
     # A stop that let the last batch end at the newest offsets it saw has caught up too.
     summary.caught_up = not stopped or (query.lastProgress is not None and not any(summary.lag.values()))
@@ -215,8 +219,12 @@ def run_several(
     each. Each runs in a thread of its own, on a session of its own: a batch's Delta
     transaction is set in its session's settings (BatchWriter.run), which two read models
     must not share. A run that fails stops the others between batches, and is raised as
-    RunFailed once they have stopped: the supervisor restarts them together."""
+    RunFailed once they have stopped: the supervisor restarts them together. Their
+    catch-ups take turns, while those caught up keep up: a catch-up's batches are big (its
+    cached records, a lookup's broadcast keys), and several at once would share the
+    driver's memory for no gain on its few cores."""
     stop = stop or StopRequest()
+    catch_up_turn = threading.Lock()
     names = [projection.model.name for projection in projections]
     spark = spark_session(settings, f"esk-project-{'-'.join(names)}" if len(names) <= 3 else "esk-project")
     summaries: dict[str, RunSummary] = {}
@@ -225,7 +233,7 @@ def run_several(
     def one(projection: Projection) -> None:
         name = projection.model.name
         try:
-            summaries[name] = run(settings, projection, continuous, rebuild, console, spark.newSession(), stop)
+            summaries[name] = run(settings, projection, continuous, rebuild, console, spark.newSession(), stop, catch_up_turn)
         except BaseException as error:  # the thread's end: whatever it was, the run failed
             failures.append(RunFailed(name, error))
             stop.asked.set()
@@ -388,6 +396,21 @@ def _interruption(error: Py4JJavaError) -> bool:
             return True
         cause = cause.getCause()
     return False
+
+
+@contextmanager
+def _turn(lock: threading.Lock | None, stop: StopRequest) -> Iterator[bool]:
+    """Holds `lock` (when given) for the block; False, holding nothing, when a stop was
+    asked before it was taken."""
+    while not stop.asked.is_set():
+        if lock is None or lock.acquire(timeout=POLL_S):
+            try:
+                yield True
+            finally:
+                if lock is not None:
+                    lock.release()
+            return
+    yield False
 
 
 def _stop_between_batches(query: StreamingQuery, stop: StopRequest, console: Console, name: str, wait_s: float = STOP_WAIT_S) -> None:
