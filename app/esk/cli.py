@@ -181,7 +181,8 @@ def subscriber(name: Annotated[str, typer.Argument(help="A subscription (see `es
 @cli.command("dev")
 def dev() -> None:
     """Everything on one machine: embedded broker (unless ESK_KAFKA__BOOTSTRAP_SERVERS is set),
-    topics, processor, API and a subscriber per subscription. Ctrl-C (or SIGTERM) stops all of it."""
+    topics, processor, API, a subscriber per subscription and the read models (one Spark
+    driver). Ctrl-C (or SIGTERM) stops all of it."""
     from .runtime import run_dev
 
     # SIGTERM (docker stop, systemd, a supervisor) stops everything as Ctrl-C does; by
@@ -210,11 +211,13 @@ def dev() -> None:
         )
         if projections:
             console.print(f"read models, kept up by one Spark driver: {', '.join(projections)}", highlight=False)
-        run_dev(settings, subscriptions, read_models=bool(projections))
+        code = run_dev(settings, subscriptions, read_models=bool(projections))
     finally:
         if broker is not None and started_broker:
             broker.stop()
             console.print("broker stopped")
+    if code:
+        raise typer.Exit(code)
 
 
 @project_cli.command("list")

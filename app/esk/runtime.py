@@ -98,32 +98,41 @@ def run_subscriber(settings: Settings, name: str) -> None:
     asyncio.run(_until_signalled(runner.run))
 
 
-DEV_STOP_TIMEOUT_S = 20.0
+# Above the read models' wait for their batch in flight (projections.runner.STOP_WAIT_S, 20 s).
+DEV_STOP_TIMEOUT_S = 30.0
 
 
-def run_dev(settings: Settings, subscriptions: list[str], read_models: bool = False) -> None:
+def run_dev(settings: Settings, subscriptions: list[str], read_models: bool = False) -> int:
     """API, processor, each subscription and (`read_models`) the read models, all of them in
-    one Spark driver, as child processes (as in production); Ctrl-C stops all of them."""
+    one Spark driver, as child processes (as in production), until Ctrl-C or one of them
+    exits; the exit code: 1 when one exited on its own. The read models' driver alone may
+    end (a read model that fails, one whose columns changed, no Java): the rest goes on
+    without it, as commands need none of it."""
     esk = [sys.executable, "-m", "esk"]
     env = {**os.environ, "ESK_KAFKA__BOOTSTRAP_SERVERS": settings.bootstrap_servers}
     children = [
         subprocess.Popen([*esk, "processor"], env=env),
         subprocess.Popen([*esk, "api"], env=env),
     ]
-    if read_models:
-        children.append(subprocess.Popen([*esk, "project", "run", "--all", "--continuous"], env=env))
     first_port = settings.subscriber.metrics_port
     for n, name in enumerate(subscriptions):
         # each on a metrics port of its own, the next one up
         port = {"ESK_SUBSCRIBER__METRICS_PORT": str(first_port + n)} if first_port is not None else {}
         children.append(subprocess.Popen([*esk, "subscriber", name], env={**env, **port}))
+    optional = [subprocess.Popen([*esk, "project", "run", "--all", "--continuous"], env=env)] if read_models else []
+    code = 0
     try:
         while all(child.poll() is None for child in children):
+            for ended in [child for child in optional if child.poll() is not None]:
+                log.error("the read models' driver exited (%d); the rest goes on without it", ended.returncode)
+                optional.remove(ended)
             time.sleep(0.5)
         log.error("a child process exited; stopping the others")
+        code = 1
     except KeyboardInterrupt:
         pass
     finally:
+        children += optional
         for child in children:
             if child.poll() is None:
                 child.send_signal(signal.SIGTERM)
@@ -138,3 +147,4 @@ def run_dev(settings: Settings, subscriptions: list[str], read_models: bool = Fa
                 log.warning("child process %d did not stop in time; killing it", child.pid)
                 child.kill()
                 child.wait()
+    return code

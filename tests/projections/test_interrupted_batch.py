@@ -5,18 +5,22 @@ tests/projections/test_stop.py stops real runs."""
 
 from __future__ import annotations
 
+import io
 import logging
 import re
+import signal
 import traceback
 from dataclasses import dataclass
 
 import pytest
+from rich.console import Console
 
 pytest.importorskip("pyspark")
 
 from py4j.protocol import Py4JJavaError
+from pyspark.errors.exceptions.captured import CapturedException
 
-from esk.projections.runner import _PY4J_FILTER, BatchInterrupted, StopRequest, _interruptible
+from esk.projections.runner import _PY4J_FILTER, BatchInterrupted, StopRequest, _interruptible, stop_on_signals
 
 # Spark's StreamExecution.PROXY_ERROR, which tells a stop's interruption from a failure
 SPARK_PROXY_ERROR = re.compile(
@@ -55,8 +59,12 @@ CANCELLED = JavaException("org.apache.spark.SparkException", "Job 7 cancelled pa
 FAILED = JavaException("org.apache.spark.SparkException", "Job aborted due to stage failure")
 
 
-def failing(java_exception: JavaException) -> object:
+def failing(java_exception: JavaException, as_pyspark: bool = False) -> object:
     def batch(_records: object, _batch_id: int) -> None:
+        if as_pyspark:  # as PySpark raises some of the JVM's errors (needs a JVM to be made)
+            error = CapturedException.__new__(CapturedException)
+            error._origin = java_exception
+            raise error
         raise Py4JJavaError("An error occurred while calling o359.collectToPython.\n", java_exception)
 
     return batch
@@ -69,13 +77,18 @@ def asked() -> StopRequest:
 
 
 @pytest.mark.parametrize(
-    "java_exception",
-    [INTERRUPTED, CANCELLED, JavaException("org.apache.spark.SparkException", "Exception thrown in awaitResult", INTERRUPTED)],
-    ids=["interrupted", "job cancelled", "interruption as the cause"],
+    ("java_exception", "as_pyspark"),
+    [
+        (INTERRUPTED, False),
+        (CANCELLED, False),
+        (JavaException("org.apache.spark.SparkException", "Exception thrown in awaitResult", INTERRUPTED), False),
+        (JavaException("org.apache.spark.SparkRuntimeException", "a task failed", INTERRUPTED), True),
+    ],
+    ids=["interrupted", "job cancelled", "interruption as the cause", "as PySpark's own exception"],
 )
-def test_a_batch_interrupted_by_the_stop_raises_what_spark_reads_as_a_stop(java_exception: JavaException) -> None:
+def test_a_batch_interrupted_by_the_stop_raises_what_spark_reads_as_a_stop(java_exception: JavaException, as_pyspark: bool) -> None:
     try:
-        _interruptible(failing(java_exception), asked())(None, 3)  # type: ignore[arg-type]
+        _interruptible(failing(java_exception, as_pyspark), asked())(None, 3)  # type: ignore[arg-type]
     except BatchInterrupted:
         sent_to_the_jvm = traceback.format_exc()  # what py4j answers the JVM with
     else:
@@ -105,3 +118,20 @@ def test_py4j_does_not_log_a_batch_interrupted_by_the_stop() -> None:
     assert _PY4J_FILTER in logging.getLogger("py4j.clientserver").filters
     assert not _PY4J_FILTER.filter(record(BatchInterrupted("stopped")))
     assert _PY4J_FILTER.filter(record(ValueError("a read model's bug")))
+
+
+def test_the_other_signal_after_the_first_is_the_same_stop_and_the_same_again_stops_at_once() -> None:
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        stop = stop_on_signals(Console(file=io.StringIO()))
+        handler = signal.getsignal(signal.SIGINT)
+        assert callable(handler) and handler is signal.getsignal(signal.SIGTERM)
+        handler(signal.SIGINT, None)  # Ctrl-C in the terminal
+        assert stop.asked.is_set() and not stop.now.is_set()
+        handler(signal.SIGTERM, None)  # then esk dev's SIGTERM: the same stop
+        assert not stop.now.is_set()
+        handler(signal.SIGINT, None)  # Ctrl-C again
+        assert stop.now.is_set()
+    finally:
+        for s, h in before.items():
+            signal.signal(s, h)

@@ -1,4 +1,4 @@
-"""`esk project run` asked to stop as a supervisor asks (SIGTERM) in the middle of a batch:
+"""`esk project run` asked to stop as a supervisor asks (SIGTERM), or Ctrl-C (SIGINT), in the middle of a batch:
 the batch ends, its rows and its offsets are committed, and the process exits cleanly, not
 killed with its JVM mid-write. A run stopped before it caught up says so, and readers stay
 where they were."""
@@ -54,22 +54,27 @@ def _settings(settings: Settings, tmp_path: Path) -> Settings:
 
 
 async def _stopped_in_a_batch(
-    s: System, tmp_path: Path, args: tuple[str, ...], before: Callable[[Path], Awaitable[None]], **env: str
+    s: System, tmp_path: Path, args: tuple[str, ...], before: Callable[[Path], Awaitable[None]],
+    stop_signal: signal.Signals = signal.SIGTERM, **env: str,
 ) -> tuple[int, str]:
     """Runs `esk project run NAME *args` as a process; once `before(started)` returned and
-    a batch has started, sends it SIGTERM. Its exit code and output."""
+    a batch has started, sends it `stop_signal`. Its exit code and output."""
     started = tmp_path / "batch-started"
     variables = esk_env(s.settings, **{BATCH_STARTED: str(started)}, **env)
     log = tmp_path / "project.log"
     async with esk_process(["project", "run", NAME, *args], variables, log) as project:
         await before(started)
         await wait_for(started.exists, timeout_s=300, what="a batch with events to start")
-        project.send_signal(signal.SIGTERM)
+        project.send_signal(stop_signal)
         code = await asyncio.wait_for(project.wait(), 120)
     return code, log.read_text()
 
 
-async def test_a_stop_in_the_middle_of_a_batch_lets_the_batch_end_and_exits_cleanly(settings: Settings, tmp_path: Path) -> None:
+# SIGINT too: the SparkContext sets a handler of its own for it, which cancels every job
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
+async def test_a_stop_in_the_middle_of_a_batch_lets_the_batch_end_and_exits_cleanly(
+    settings: Settings, tmp_path: Path, stop_signal: signal.Signals
+) -> None:
     settings = _settings(settings, tmp_path)
     tables = Tables(settings.projections.warehouse_dir)
     async with system(settings) as s:
@@ -83,9 +88,9 @@ async def test_a_stop_in_the_middle_of_a_batch_lets_the_batch_end_and_exits_clea
             assert added.status_code == 200, added.text
             positions.append(added.json()["position"])
 
-        code, output = await _stopped_in_a_batch(s, tmp_path, ("--continuous",), add_once_caught_up)
+        code, output = await _stopped_in_a_batch(s, tmp_path, ("--continuous",), add_once_caught_up, stop_signal)
     assert code == 0, output
-    assert "SIGTERM: stopping after the batch in flight" in output
+    assert f"{stop_signal.name}: stopping after the batch in flight" in output
     assert "stopped in the middle of a batch" not in output and "Traceback" not in output
     # the batch's rows are in the table, and its offsets are committed: a next run starts after it
     assert ReadModelRows(settings).read(NAME, {"counter_id": "c1"}, limit=10) == [{"counter_id": "c1", "total": 5, "version": 2}]

@@ -323,7 +323,9 @@ def load_read_models(spec: str) -> dict[str, Projection]:
 def select_read_models(projections: Mapping[str, Projection], names: Sequence[str], every: bool) -> list[Projection]:
     """The read models a run is asked for, by name or all of them (`every`); ValueError
     says what is wrong with the request."""
-    if every == bool(names):
+    if every and names:
+        raise ValueError("name the read models to run or give --all, not both")
+    if not every and not names:
         raise ValueError("name the read models to run, or give --all")
     if every:
         if not projections:

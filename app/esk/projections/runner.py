@@ -24,6 +24,7 @@ from typing import Any
 
 from delta.tables import DeltaTable
 from py4j.protocol import Py4JJavaError
+from pyspark.errors.exceptions.captured import CapturedException
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
@@ -226,7 +227,8 @@ def run_several(
     stop = stop or StopRequest()
     catch_up_turn = threading.Lock()
     names = [projection.model.name for projection in projections]
-    spark = spark_session(settings, f"esk-project-{'-'.join(names)}" if len(names) <= 3 else "esk-project")
+    with _signal_handlers_kept():
+        spark = spark_session(settings, f"esk-project-{'-'.join(names)}" if len(names) <= 3 else "esk-project")
     summaries: dict[str, RunSummary] = {}
     failures: list[RunFailed] = []
 
@@ -241,9 +243,16 @@ def run_several(
     threads = [threading.Thread(target=one, args=(p,), name=f"esk-project-{p.model.name}") for p in projections]
     for thread in threads:
         thread.start()
-    for thread in threads:
-        while thread.is_alive():
-            thread.join(POLL_S)  # in steps: the main thread handles the stop's signals between them
+    interrupted = False
+    while any(thread.is_alive() for thread in threads):
+        try:
+            for thread in threads:
+                thread.join(POLL_S)  # in steps: the main thread handles signals between them
+        except KeyboardInterrupt:  # a caller's Ctrl-C (the CLI's signals only ask): as a signal asks
+            (stop.now if stop.asked.is_set() else stop.asked).set()
+            interrupted = True
+    if interrupted:
+        raise KeyboardInterrupt
     if failures:
         raise failures[0]
     return [summaries[name] for name in names]
@@ -315,16 +324,21 @@ class StopRequest:
 
 def stop_on_signals(console: Console) -> StopRequest:
     """A stop request that SIGTERM (a supervisor's stop) or SIGINT makes: the first asks
-    `run` to stop between batches, a second to stop at once. (By Python's default, SIGTERM
-    ends the process in the middle of a batch, its JVM with it.) The handlers only set
-    events: an exception raised inside a call to the JVM would leave py4j's connection
-    waiting for an answer that is never read."""
+    `run` to stop between batches, the same signal again to stop at once. (By Python's
+    default, SIGTERM ends the process in the middle of a batch, its JVM with it.) The other
+    signal after the first is the same stop: Ctrl-C in a terminal reaches each process of
+    its group, and a supervisor there (`esk dev`) then sends its SIGTERM too. The handlers
+    only set events: an exception raised inside a call to the JVM would leave py4j's
+    connection waiting for an answer that is never read."""
     stop = StopRequest()
+    first: list[int] = []
 
     def asked(signum: int, _frame: FrameType | None) -> None:
-        if stop.asked.is_set():
-            stop.now.set()
+        if first:
+            if signum == first[0]:
+                stop.now.set()
             return
+        first.append(signum)
         console.print(f"{signal.Signals(signum).name}: stopping after the batch in flight", highlight=False)
         stop.asked.set()
 
@@ -371,14 +385,14 @@ _PY4J_FILTER = _NotLoggedWhenInterrupted()
 def _interruptible(batch: Callable[[DataFrame, int], None], stop: StopRequest) -> Callable[[DataFrame, int], None]:
     """`batch`, raising BatchInterrupted, with a message Spark reads as a stop, when the stop
     `_stop_between_batches` asked for interrupts it (in a call to the JVM): a query that is
-    behind starts its next batch before the stop lands, and a second signal or STOP_WAIT_S
+    behind starts its next batch before the stop lands, and a stop at once or STOP_WAIT_S
     interrupts the one in flight."""
     logging.getLogger("py4j.clientserver").addFilter(_PY4J_FILTER)
 
     def interruptible(records: DataFrame, batch_id: int) -> None:
         try:
             batch(records, batch_id)
-        except Py4JJavaError as error:
+        except (Py4JJavaError, CapturedException) as error:
             if stop.asked.is_set() and _interruption(error):
                 raise BatchInterrupted(INTERRUPTED_BY_STOP) from None  # `from None`: no Java stack in the message
             raise
@@ -386,16 +400,30 @@ def _interruptible(batch: Callable[[DataFrame, int], None], stop: StopRequest) -
     return interruptible
 
 
-def _interruption(error: Py4JJavaError) -> bool:
+def _interruption(error: Py4JJavaError | CapturedException) -> bool:
     """Whether the JVM's error is an interruption (the thread's, or its job's cancellation),
-    as Spark tells them apart."""
-    cause = error.java_exception
+    as Spark tells them apart. PySpark raises some of the JVM's errors as exceptions of its
+    own, which keep the Java one as `_origin`."""
+    cause = error.java_exception if isinstance(error, Py4JJavaError) else getattr(error, "_origin", None)
     while cause is not None:
         name = cause.getClass().getName()
         if name in _JAVA_INTERRUPTIONS or (name == "org.apache.spark.SparkException" and "cancelled" in str(cause.getMessage())):
             return True
         cause = cause.getCause()
     return False
+
+
+@contextmanager
+def _signal_handlers_kept() -> Iterator[None]:
+    """SIGINT's handler as it was before the block: a SparkContext made in the main thread
+    sets its own, which cancels every job and raises KeyboardInterrupt, and Ctrl-C then cut
+    the batches in flight short instead of asking the run to stop (stop_on_signals)."""
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        yield
+    finally:
+        if threading.current_thread() is threading.main_thread() and before is not None:
+            signal.signal(signal.SIGINT, before)
 
 
 @contextmanager
@@ -435,6 +463,9 @@ def _stop_between_batches(query: StreamingQuery, stop: StopRequest, console: Con
     query.stop()
     if not ended:
         console.print(f"{name}: stopped in the middle of a batch; it runs again at the next start", highlight=False)
+    failure = query.exception()  # a batch that failed meanwhile, not one the stop cut short
+    if failure is not None:
+        raise failure
 
 
 def _batch_id(query: StreamingQuery) -> int | None:
