@@ -92,7 +92,7 @@ def run(
     tables = Tables(settings.projections.warehouse_dir)
     current = tables.current_generation(name)
     generation = (current or 0) + 1 if rebuild or current is None else current
-    spark = spark or spark_session(settings, f"esk-project-{name}")
+    spark = spark or _driver_session(settings, f"esk-project-{name}")
     for key, value in DELTA_CONF.items():
         spark.conf.set(key, value)
     path = tables.path(name, generation)
@@ -227,8 +227,7 @@ def run_several(
     stop = stop or StopRequest()
     catch_up_turn = threading.Lock()
     names = [projection.model.name for projection in projections]
-    with _signal_handlers_kept():
-        spark = spark_session(settings, f"esk-project-{'-'.join(names)}" if len(names) <= 3 else "esk-project")
+    spark = _driver_session(settings, f"esk-project-{'-'.join(names)}" if len(names) <= 3 else "esk-project")
     summaries: dict[str, RunSummary] = {}
     failures: list[RunFailed] = []
 
@@ -413,14 +412,14 @@ def _interruption(error: Py4JJavaError | CapturedException) -> bool:
     return False
 
 
-@contextmanager
-def _signal_handlers_kept() -> Iterator[None]:
-    """SIGINT's handler as it was before the block: a SparkContext made in the main thread
-    sets its own, which cancels every job and raises KeyboardInterrupt, and Ctrl-C then cut
-    the batches in flight short instead of asking the run to stop (stop_on_signals)."""
+def _driver_session(settings: Settings, app_name: str) -> SparkSession:
+    """The run's session, SIGINT's handler left as it was: a SparkContext made in the main
+    thread sets its own, which cancels every job and raises KeyboardInterrupt, and Ctrl-C
+    then cut the batches in flight short instead of asking the run to stop
+    (stop_on_signals)."""
     before = signal.getsignal(signal.SIGINT)
     try:
-        yield
+        return spark_session(settings, app_name)
     finally:
         if threading.current_thread() is threading.main_thread() and before is not None:
             signal.signal(signal.SIGINT, before)
