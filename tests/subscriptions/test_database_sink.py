@@ -5,9 +5,11 @@ partition was reset, commits nothing; a failing event is undone alone (savepoint
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import psycopg
 import pytest
 from aiokafka import TopicPartition
 
@@ -109,6 +111,49 @@ async def test_a_reset_fences_the_running_member_and_marks_the_replay(member: Me
     assert await rows(running_db) == []
     await running_db.close()
     await tool_db.close()
+
+
+async def test_a_member_frozen_holding_the_offset_row_holds_the_new_owner_back_until_postgresql_ends_its_session(
+    postgres_dsn: str,
+) -> None:
+    """PostgreSQL only: a SQLite file has one writer, who holds everyone back while frozen."""
+    store = PostgreSQL(postgres_dsn, idle_in_transaction_timeout_s=3.0)
+    old_db, new_db = store.connect(Path("unused")), store.connect(Path("unused"))
+    for database in (old_db, new_db):
+        await prepare(database, ledger)
+    old, new = DatabaseSink(old_db, ledger, TP), DatabaseSink(new_db, ledger, TP)
+    await old.open()
+    await write(old, "old", 1, next_offset=10)
+    assert (await new.open()).next_offset == 10  # the partition moved
+
+    # The old member, unaware, has written its next batch and moved the offset row (which
+    # it still finds as it left it), and is frozen before its COMMIT: it holds the row.
+    stale = await old.begin()
+    assert isinstance(stale, DatabaseUnit)
+    await stale.transaction.sql.execute("INSERT INTO written VALUES (%s, %s)", ("old", 3))
+    assert await old.move_offset(stale.transaction.esk, 20)
+
+    writing = asyncio.create_task(write(new, "new", 2, next_offset=20))
+    await asyncio.sleep(1.0)
+    assert not writing.done(), "the new owner's update should wait for the row the frozen member holds"
+    await asyncio.wait_for(writing, 30)  # PostgreSQL ended the frozen member's session
+
+    # Thawed, the old member's commit finds its connection gone; its next unit runs on a new
+    # connection, and the offset row fences it.
+    with pytest.raises(psycopg.errors.IdleInTransactionSessionTimeout):
+        await stale.transaction.commit()
+    with pytest.raises(Fenced):
+        await write(old, "old", 4, next_offset=30)
+    assert await rows(new_db) == [("old", 1), ("new", 2)]
+    async with new_db.transaction() as tx:
+        assert await read_offsets(tx.esk, "ledger") == {TP: (20, 0)}
+    await old_db.close()
+    await new_db.close()
+
+
+def test_postgresql_refuses_a_timeout_that_would_never_end_a_frozen_transaction() -> None:
+    with pytest.raises(ValueError, match="idle_in_transaction_timeout_s"):
+        PostgreSQL("postgresql://localhost/db", idle_in_transaction_timeout_s=0)
 
 
 async def test_a_failing_event_is_undone_alone_and_its_aggregate_parked_in_order(store: DatabaseConfig) -> None:

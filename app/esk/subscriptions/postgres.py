@@ -7,11 +7,19 @@ subscriber process, one transaction at a time on it, as with SQLite; the offset 
 compare-and-set holds across processes because PostgreSQL re-reads a row another
 transaction changed before it updates it (READ COMMITTED): the second of two members
 updating the same offset finds it no longer what it expected.
+
+That update also holds the offset row until its transaction ends. A member frozen (a long
+pause, a stopped process, a partition of the network) between its update and its commit
+would hold its partition's new owner back for as long as it stays frozen; PostgreSQL ends
+a session left idle inside a transaction for `idle_in_transaction_timeout_s`, and with it
+the locks. The frozen member, when it goes on, finds its connection gone: the partition
+starts again, on a new connection, from what the offset row says.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -23,15 +31,24 @@ from .database import Database, Params, Row, Transaction
 if TYPE_CHECKING:
     import psycopg
 
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class PostgreSQL:
     """A PostgreSQL database, by its connection string (libpq's: a URL or `key=value` pairs)."""
 
     dsn: str
+    # As long as a subscriber's group waits for a silent member (session_timeout_ms): a
+    # handler awaiting something slower than that inside its transaction loses it.
+    idle_in_transaction_timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.idle_in_transaction_timeout_s <= 0:
+            raise ValueError("idle_in_transaction_timeout_s must be positive")
 
     def connect(self, default_path: Path) -> Database:
-        return PostgresDatabase(self.dsn)
+        return PostgresDatabase(self.dsn, self.idle_in_transaction_timeout_s)
 
 
 async def _finish(statement: Any) -> Any:
@@ -124,8 +141,9 @@ _IDLE = 0  # psycopg.pq.TransactionStatus.IDLE, without importing psycopg where 
 
 
 class PostgresDatabase(Database):
-    def __init__(self, dsn: str) -> None:
+    def __init__(self, dsn: str, idle_in_transaction_timeout_s: float = 10.0) -> None:
         self.dsn = dsn
+        self.idle_in_transaction_timeout_ms = max(1, round(idle_in_transaction_timeout_s * 1000))
         self.lock = asyncio.Lock()
         self._connection: psycopg.AsyncConnection[Row] | None = None
 
@@ -143,21 +161,47 @@ class PostgresDatabase(Database):
         except ImportError:
             raise ImportError("a PostgreSQL database needs psycopg: pip install 'esk[postgres]'") from None
         # autocommit: esk says BEGIN and COMMIT itself, as it does with SQLite.
-        self._connection = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
+        connection = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
+        try:
+            # SET, not the connection's `options`: those may be the user's, in the DSN.
+            await connection.execute(f"SET idle_in_transaction_session_timeout = {self.idle_in_transaction_timeout_ms}")
+        except BaseException:
+            await connection.close()
+            raise
+        self._connection = connection
 
     async def begin(self) -> Transaction:
-        connection = self._connection
-        if connection is None:
-            raise RuntimeError(f"{self.describe()} is not open")
         await self.lock.acquire()
+        try:
+            connection = await self._connected()
+        except BaseException:
+            self.lock.release()
+            raise
         try:
             await _finish(connection.execute("BEGIN"))
         except BaseException:
-            if connection.info.transaction_status != _IDLE:  # begun after all, while the caller was cancelled
-                await connection.execute("ROLLBACK")
-            self.lock.release()
+            try:
+                # begun after all, while the caller was cancelled
+                if not connection.closed and connection.info.transaction_status != _IDLE:
+                    await connection.execute("ROLLBACK")
+            finally:
+                self.lock.release()
             raise
         return _PostgresTransaction(self, connection)
+
+    async def _connected(self) -> psycopg.AsyncConnection[Row]:
+        """The open connection; one that was lost (the server ended the session, restarted,
+        or the network failed) is replaced, as its transaction is gone anyway."""
+        connection = self._connection
+        if connection is None:
+            raise RuntimeError(f"{self.describe()} is not open")
+        if not connection.closed:
+            return connection
+        log.warning("the connection to %s was lost; connecting again", self.describe())
+        self._connection = None
+        await self.open()
+        assert self._connection is not None
+        return self._connection
 
     async def close(self) -> None:
         if self._connection is not None:
