@@ -154,8 +154,10 @@ class PostgresDatabase(Database):
         return f"postgresql://{info.get('host', 'localhost')}:{info.get('port', 5432)}/{info.get('dbname', '')}"
 
     async def open(self) -> None:
-        if self._connection is not None:
-            return
+        if self._connection is None:
+            self._connection = await self._connect()
+
+    async def _connect(self) -> psycopg.AsyncConnection[Row]:
         try:
             import psycopg
         except ImportError:
@@ -168,7 +170,7 @@ class PostgresDatabase(Database):
         except BaseException:
             await connection.close()
             raise
-        self._connection = connection
+        return connection
 
     async def begin(self) -> Transaction:
         await self.lock.acquire()
@@ -198,10 +200,9 @@ class PostgresDatabase(Database):
         if not connection.closed:
             return connection
         log.warning("the connection to %s was lost; connecting again", self.describe())
-        self._connection = None
-        await self.open()
-        assert self._connection is not None
-        return self._connection
+        # until this succeeds the lost connection stays: the next transaction tries again
+        self._connection = connection = await self._connect()
+        return connection
 
     async def close(self) -> None:
         if self._connection is not None:
