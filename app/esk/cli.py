@@ -248,7 +248,7 @@ def project_run(
 ) -> None:
     """Catch read models up with their event streams (and stop, unless --continuous)."""
     from .projections.catalog import select_read_models
-    from .projections.runner import ColumnsChanged, RunFailed, run_several, stop_on_signals
+    from .projections.runner import RunFailed, run_and_report, stop_on_signals
 
     settings = load_settings()
     projections = read_models(settings)
@@ -258,25 +258,11 @@ def project_run(
         raise fail(str(error)) from None
     require_kafka_access(settings)
     try:
-        summaries = run_several(settings, chosen, continuous=continuous, rebuild=rebuild, console=console, stop=stop_on_signals(console))
+        code = run_and_report(settings, chosen, continuous, rebuild, console, stop_on_signals(console))
     except RunFailed as failed:
-        if isinstance(failed.error, ColumnsChanged):
-            raise fail(
-                f"{failed.name}: {failed.error}: `esk project run {failed.name} --rebuild` builds a table of its new columns from the events"
-            ) from None
-        raise fail(f"{failed.name} failed: {failed.error}") from failed.error
-    for summary in summaries:
-        console.print(
-            f"{summary.name}: generation {summary.generation}, {summary.batches} batches, {summary.events:,} events, "
-            f"{summary.rows:,} rows merged; lag {sum(summary.lag.values())}",
-            highlight=False,
-        )
-        if not summary.caught_up:
-            console.print(f"{summary.name}: stopped before it caught up; readers stay where they were", highlight=False)
-    # A script that runs `esk project run --rebuild && ...` must not go on as if readers had
-    # moved to the new generation; a supervisor's stop of --continuous is its end.
-    if not continuous and not all(summary.caught_up for summary in summaries):
-        raise typer.Exit(1)
+        raise fail(str(failed)) from failed.error
+    if code:
+        raise typer.Exit(code)
 
 
 @cli.command("sql")

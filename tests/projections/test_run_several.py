@@ -207,6 +207,7 @@ def test_a_read_model_that_fails_stops_the_others_and_esk_dev_goes_on_without_th
         output = log.read_text()
         assert "broken failed:" in output and "a bug in the user's read model" in output
         assert "stopped in the middle of a batch" not in output  # the healthy one stopped between batches
+        assert "counter_totals: generation 1" in output  # and its summary is there, as a run's end
         # commands need no read model: the rest goes on
         assert client.post("/v1/counters/c1/add", json={"n": 1}).status_code == 200
         assert _javas(psutil.Process(dev.pid)) == 0

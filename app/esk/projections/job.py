@@ -11,7 +11,7 @@ import os
 from rich.console import Console
 
 from esk.projections.catalog import configured_read_models, select_read_models
-from esk.projections.runner import ColumnsChanged, RunFailed, run_several, stop_on_signals
+from esk.projections.runner import ColumnsChanged, RunFailed, run_and_report, stop_on_signals
 from esk.settings import Settings
 
 
@@ -30,17 +30,13 @@ def main() -> None:
         parser.error(str(error))
     os.environ["ESK_SPARK_SUBMITTED"] = "1"  # the master comes from spark-submit, not from settings
     console = Console(stderr=True)
-    stop = stop_on_signals(console)
     try:
-        summaries = run_several(settings, chosen, continuous=args.continuous, rebuild=args.rebuild, console=console, stop=stop)
+        code = run_and_report(settings, chosen, args.continuous, args.rebuild, console, stop_on_signals(console))
     except RunFailed as failed:
         if isinstance(failed.error, ColumnsChanged):
-            raise SystemExit(f"{failed}: run it with --rebuild to build a table of its new columns from the events") from None
-        raise failed.error from None
-    # as `esk project run`: a run stopped before it caught up left readers where they were
-    if not args.continuous and not all(summary.caught_up for summary in summaries):
-        raise SystemExit(1)
-
+            raise SystemExit(str(failed)) from None
+        raise failed.error from None  # its traceback, for the driver's log
+    raise SystemExit(code)
 
 if __name__ == "__main__":
     main()

@@ -200,12 +200,18 @@ def run(
 
 
 class RunFailed(Exception):
-    """A read model's run (of several in one driver) failed with `error`."""
+    """A read model's run (of several in one driver) failed with `error`; `others` are the
+    summaries of the read models that stopped because of it."""
 
-    def __init__(self, name: str, error: BaseException) -> None:
-        super().__init__(f"{name}: {error}")
+    def __init__(self, name: str, error: BaseException, others: Sequence[RunSummary] = ()) -> None:
+        if isinstance(error, ColumnsChanged):
+            message = f"{name}: {error}: run it again with --rebuild, which builds a table of its new columns from the events"
+        else:
+            message = f"{name} failed: {error}"
+        super().__init__(message)
         self.name = name
         self.error = error
+        self.others = list(others)
 
 
 def run_several(
@@ -253,8 +259,43 @@ def run_several(
     if interrupted:
         raise KeyboardInterrupt
     if failures:
-        raise failures[0]
+        failed = failures[0]
+        raise RunFailed(failed.name, failed.error, [summaries[name] for name in names if name in summaries])
     return [summaries[name] for name in names]
+
+
+def run_and_report(
+    settings: Settings,
+    projections: Sequence[Projection],
+    continuous: bool,
+    rebuild: bool,
+    console: Console,
+    stop: StopRequest,
+) -> int:
+    """What `esk project run` and the spark-submit job do: `run_several`, each read model's
+    summary on the console (those that stopped because another failed too, before the
+    RunFailed goes up), and the exit code. A one-shot run that stopped before it caught up
+    exits 1: a script running `esk project run --rebuild && ...` must not go on as if
+    readers had moved to the new generation; a supervisor's stop of a continuous run is its
+    end, 0."""
+    try:
+        summaries = run_several(settings, projections, continuous, rebuild, console, stop)
+    except RunFailed as failed:
+        _print_summaries(failed.others, console)
+        raise
+    _print_summaries(summaries, console)
+    return 0 if continuous or all(summary.caught_up for summary in summaries) else 1
+
+
+def _print_summaries(summaries: Sequence[RunSummary], console: Console) -> None:
+    for summary in summaries:
+        console.print(
+            f"{summary.name}: generation {summary.generation}, {summary.batches} batches, {summary.events:,} events, "
+            f"{summary.rows:,} rows merged; lag {sum(summary.lag.values())}",
+            highlight=False,
+        )
+        if not summary.caught_up:
+            console.print(f"{summary.name}: stopped before it caught up; readers stay where they were", highlight=False)
 
 
 class ColumnsChanged(Exception):
