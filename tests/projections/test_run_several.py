@@ -4,7 +4,6 @@ cleanly, and a read model that fails stopping the others and failing the process
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
@@ -26,13 +25,12 @@ from pyspark.sql import functions as F
 
 import esk
 from esk.broker.ports import free_port
-from esk.projections.catalog import Tables, select_read_models
-from esk.projections.reader import ReadModelRows
+from esk.projections.catalog import select_read_models
 from esk.projections.runner import StopRequest, _turn
 from esk.settings import Settings
 from tests.counters import Added, counters
 from tests.projections.test_read_your_writes import USER_READ_MODELS
-from tests.system import esk_env, esk_process, system, wait_for
+from tests.system import esk_env
 
 [TOTALS] = USER_READ_MODELS
 
@@ -115,35 +113,6 @@ def _javas(process: psutil.Process) -> int:
     return sum(1 for child in process.children(recursive=True) if child.name() == "java")
 
 
-@pytest.mark.kafka
-@pytest.mark.spark
-async def test_all_read_models_run_in_one_driver_and_stop_together(settings: Settings, tmp_path: Path) -> None:
-    settings = _settings(settings, tmp_path, "TWO")
-    rows = ReadModelRows(settings)
-    log = tmp_path / "project.log"
-    async with system(settings) as s, esk_process(["project", "run", "--all", "--continuous"], esk_env(settings), log) as project:
-        for command, body in (("start", {}), ("add", {"n": 2}), ("add", {"n": 5})):
-            assert (await s.client.post(f"/v1/counters/c1/{command}", json=body)).status_code == 200
-
-        def both_caught_up() -> bool:
-            tables = Tables(settings.projections.warehouse_dir)
-            return (
-                all(tables.current_generation(p.model.name) is not None for p in TWO)
-                and rows.read("counter_totals", {"counter_id": "c1"}, limit=1) == [{"counter_id": "c1", "total": 7, "version": 3}]
-                and rows.read("counter_adds", {"counter_id": "c1"}, limit=1) == [{"counter_id": "c1", "adds": 2, "version": 3}]
-            )
-
-        await wait_for(lambda: project.returncode is not None or both_caught_up(), timeout_s=300, what="both read models")
-        assert project.returncode is None, log.read_text()
-        assert _javas(psutil.Process(project.pid)) == 1  # one driver for both
-        project.send_signal(signal.SIGTERM)
-        code = await asyncio.wait_for(project.wait(), 120)
-    output = log.read_text()
-    assert code == 0, output
-    assert "counter_totals: generation 1" in output and "counter_adds: generation 1" in output
-    assert "Traceback" not in output
-
-
 @contextmanager
 def _esk_dev(settings: Settings, tmp_path: Path, read_models: str) -> Iterator[tuple[subprocess.Popen[bytes], httpx.Client, Path]]:
     """`esk dev` over the counters and `read_models`, in its own process group, its API ready."""
@@ -177,23 +146,28 @@ def _esk_dev(settings: Settings, tmp_path: Path, read_models: str) -> Iterator[t
 
 @pytest.mark.kafka
 @pytest.mark.spark
-def test_esk_dev_keeps_the_read_models_up(settings: Settings, tmp_path: Path) -> None:
+def test_esk_dev_keeps_the_read_models_up_in_one_driver(settings: Settings, tmp_path: Path) -> None:
     with _esk_dev(settings, tmp_path, "TWO") as (dev, client, log):
-        assert client.post("/v1/counters/c1/start", json={}).status_code == 200
-        added = client.post("/v1/counters/c1/add", json={"n": 4})
-        assert added.status_code == 200, added.text
-        # a read that waits for the command's position: the read model is kept up by esk dev
-        token = added.json()["position"]["token"]
-        r = client.get("/v1/projections/counter_adds", params={"counter_id": "c1", "after": token, "wait_ms": 120_000}, timeout=150)
-        assert r.status_code == 200, f"{r.text}\n{log.read_text()[-4000:]}"
-        assert r.json()["rows"] == [{"counter_id": "c1", "adds": 1, "version": 2}]
-        assert _javas(psutil.Process(dev.pid)) == 1  # the read models' one driver (no embedded broker: one is given)
+        for command, body in (("start", {}), ("add", {"n": 2}), ("add", {"n": 5})):
+            answer = client.post(f"/v1/counters/c1/{command}", json=body)
+            assert answer.status_code == 200, answer.text
+        # reads that wait for the last command's position: both read models are kept up
+        token = answer.json()["position"]["token"]
+        for name, row in (
+            ("counter_adds", {"counter_id": "c1", "adds": 2, "version": 3}),
+            ("counter_totals", {"counter_id": "c1", "total": 7, "version": 3}),
+        ):
+            r = client.get(f"/v1/projections/{name}", params={"counter_id": "c1", "after": token, "wait_ms": 120_000}, timeout=150)
+            assert r.status_code == 200, f"{r.text}\n{log.read_text()[-4000:]}"
+            assert r.json()["rows"] == [row]
+        assert _javas(psutil.Process(dev.pid)) == 1  # one driver for both (no embedded broker: one is given)
         os.killpg(dev.pid, signal.SIGINT)  # Ctrl-C in its terminal: every process of the group gets it
         assert dev.wait(timeout=60) == 0, log.read_text()[-4000:]
     output = log.read_text()
     assert "read models, kept up by one Spark driver: counter_totals, counter_adds" in output
-    assert "counter_adds: generation 1" in output  # its run's summary: it stopped cleanly
-    assert "stopped in the middle of a batch" not in output
+    # both runs' summaries: they stopped cleanly, together
+    assert "counter_totals: generation 1" in output and "counter_adds: generation 1" in output
+    assert "stopped in the middle of a batch" not in output and "Traceback" not in output
 
 
 @pytest.mark.kafka
