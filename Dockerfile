@@ -1,7 +1,8 @@
 # esk: one image for everything deploy/k8s/ runs (`esk api`, `esk processor`, `esk topics
-# init`, `esk subscriber NAME`) and for `esk dev` with the embedded broker, running the
-# example's domain and subscriptions; a user's image is the same with their own code copied
-# in place of domain/ and subscriptions/.
+# init`, `esk subscriber NAME`, `esk project run --all --continuous`) and for `esk dev` with
+# the embedded broker, running the example's domain, subscriptions and read models; a user's
+# image is the same with their own code copied in place of domain/, subscriptions/ and
+# projections/.
 # tests/deploy/test_k8s_manifests.py holds deploy/k8s/ to this file (user, ports, settings,
 # entrypoint). Build from the repository root:
 #   docker build -t esk .
@@ -16,11 +17,16 @@ FROM maven:3.9-eclipse-temurin-17 AS jars
 # Its copy-dependencies writes to jars/ beside the pom.
 COPY app/esk/jars/kafka/pom.xml /build/kafka/pom.xml
 RUN mvn -q -B -f /build/kafka/pom.xml dependency:copy-dependencies
+# Spark's Kafka source and Delta Lake (pyspark's wheel carries Spark itself), from Maven
+# Central alone (maven-settings.xml), as `esk jars spark` resolves them.
+COPY app/esk/jars/spark/pom.xml app/esk/jars/spark/maven-settings.xml /build/spark/
+RUN mvn -q -B -s /build/spark/maven-settings.xml -f /build/spark/pom.xml dependency:copy-dependencies
 
 FROM python:3.11-slim-bookworm
-# Java only serves the embedded broker of `esk dev`; api, processor and subscribers never
-# start a JVM. The slim image has no man directories, which Java's update-alternatives
-# may link into. The user and group 10001 are the pods' runAsUser/runAsGroup/fsGroup.
+# Java serves the embedded broker of `esk dev` and the read models' Spark driver; api,
+# processor and subscribers never start a JVM. The slim image has no man directories, which
+# Java's update-alternatives may link into. The user and group 10001 are the pods'
+# runAsUser/runAsGroup/fsGroup.
 RUN mkdir -p /usr/share/man/man1 \
  && apt-get update \
  && apt-get install -y --no-install-recommends openjdk-17-jre-headless \
@@ -28,16 +34,22 @@ RUN mkdir -p /usr/share/man/man1 \
  && groupadd --gid 10001 esk \
  && useradd --create-home --uid 10001 --gid 10001 esk
 COPY --from=wheel /wheels /wheels
-RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels
+# With the spark extra: the read models' driver runs PySpark, and the API reads their
+# tables with delta-rs.
+RUN pip install --no-cache-dir "$(ls /wheels/*.whl)[spark]" && rm -rf /wheels
 COPY --from=jars /build/kafka/jars /opt/esk/jars/kafka
-# The user's code: esk imports it from the working directory (ESK_DOMAIN, ESK_SUBSCRIPTIONS).
-# The read models (projections/) are not here: they run on Spark (deploy/spark/).
+COPY --from=jars /build/spark/jars /opt/esk/jars/spark
+# The user's code: esk imports it from the working directory (ESK_DOMAIN, ESK_SUBSCRIPTIONS,
+# ESK_READ_MODELS).
 WORKDIR /opt/esk/app
 COPY domain domain
 COPY subscriptions subscriptions
+COPY projections projections
 # Logs reach `kubectl logs` / `docker logs` as they are written, not when a buffer fills.
 ENV PYTHONUNBUFFERED=1 \
     ESK_BROKER__JARS_DIR=/opt/esk/jars/kafka \
+    ESK_PROJECTIONS__JARS_DIR=/opt/esk/jars/spark \
+    ESK_PROJECTIONS__WAREHOUSE_DIR=/var/lib/esk/warehouse \
     ESK_BROKER__DATA_DIR=/var/lib/esk/broker \
     ESK_PROCESSOR__STATE_DIR=/var/lib/esk/processor \
     ESK_API__STATE_DIR=/var/lib/esk/api \

@@ -24,6 +24,7 @@ from pydantic import BaseModel
 from typer.core import TyperGroup
 
 from esk.cli import cli
+from esk.projections.catalog import configured_read_models
 from esk.settings import Settings
 from esk.subscriptions.api import DatabaseHandler
 from esk.subscriptions.catalog import configured_subscriptions
@@ -36,8 +37,10 @@ KUBECONFORM = ROOT / ".tools/bin/kubeconform"
 KUSTOMIZE = ROOT / ".tools/bin/kustomize"
 DOCKERFILE = ROOT / "Dockerfile"
 WORKLOADS = {"Deployment", "StatefulSet", "DaemonSet", "Job"}
-# Every workload the base deploys, by its app.kubernetes.io/component label.
-COMPONENTS = {"processor": "StatefulSet", "api": "Deployment", "topics-init": "Job", "subscriber": "StatefulSet"}
+# Every workload each kustomization deploys, by its app.kubernetes.io/component label: the
+# example overlay takes the read models' component (components/read-models).
+BASE_COMPONENTS = {"processor": "StatefulSet", "api": "Deployment", "topics-init": "Job", "subscriber": "StatefulSet"}
+COMPONENTS = {"base": BASE_COMPONENTS, "example": BASE_COMPONENTS | {"read-models": "Deployment"}}
 
 Manifest = dict[str, Any]
 
@@ -175,12 +178,13 @@ def dockerfile_env() -> dict[str, str]:
     return dict(item.split("=", 1) for args in dockerfile_args("ENV") for item in shlex.split(args))
 
 
-def test_every_container_runs_an_esk_command_that_exists() -> None:
+@pytest.mark.parametrize("name", sorted(KUSTOMIZATIONS))
+def test_every_container_runs_an_esk_command_that_exists(name: str) -> None:
     [entrypoint] = dockerfile_args("ENTRYPOINT")
     assert json.loads(entrypoint) == ["esk"]
     root = typer.main.get_command(cli)
-    documents = manifests("base")
-    assert {w["metadata"]["labels"]["app.kubernetes.io/component"]: w["kind"] for w in workloads(documents)} == COMPONENTS
+    documents = manifests(name)
+    assert {w["metadata"]["labels"]["app.kubernetes.io/component"]: w["kind"] for w in workloads(documents)} == COMPONENTS[name]
     for workload in workloads(documents):
         for container in containers(workload):
             assert container.get("command", ["esk"]) == ["esk"], f"{workload['metadata']['name']}: the image's entrypoint runs esk"
@@ -243,13 +247,14 @@ def test_every_esk_variable_is_a_setting_and_its_value_parses(monkeypatch: pytes
         assert settings.api.auth_tokens, "authentication on"
 
 
-def test_pods_run_as_the_image_user() -> None:
+@pytest.mark.parametrize("name", sorted(KUSTOMIZATIONS))
+def test_pods_run_as_the_image_user(name: str) -> None:
     run = " ".join(dockerfile_args("RUN"))
     uid = int(found(r"useradd\b[^&;]*--uid (\d+)", run)[1])
     gid = int(found(r"groupadd\b[^&;]*--gid (\d+)", run)[1])
     assert re.search(rf"useradd\b[^&;]*--gid {gid}\b", run), "the user's primary group is the one made for it"
     assert dockerfile_args("USER") == [f"{uid}:{gid}"], "numeric, so that runAsNonRoot can be checked"
-    for workload in workloads(manifests("base")):
+    for workload in workloads(manifests(name)):
         context = pod_spec(workload)["securityContext"]
         assert context["runAsNonRoot"] is True
         assert (context["runAsUser"], context["runAsGroup"], context.get("fsGroup", gid)) == (uid, gid, gid), workload["metadata"]["name"]
@@ -317,10 +322,46 @@ def test_state_lives_on_the_right_volumes() -> None:
     api = component(documents, "api")
     kind, volume = mount_of(api, pod_spec(api)["containers"][0], settings["ESK_API__STATE_DIR"])
     assert kind == "pod" and "emptyDir" in volume, "each API replica rebuilds its own from the changelog"
-    for workload in workloads(documents):
-        for container in containers(workload):
-            if container["securityContext"].get("readOnlyRootFilesystem"):
-                mount_of(workload, container, "/tmp")
+    for name in KUSTOMIZATIONS:
+        for workload in workloads(manifests(name)):
+            for container in containers(workload):
+                if container["securityContext"].get("readOnlyRootFilesystem"):  # Spark's scratch space too
+                    kind, volume = mount_of(workload, container, "/tmp")
+                    assert kind == "pod" and "emptyDir" in volume, f"{workload['metadata']['name']}: /tmp"
+
+
+def test_the_read_models_write_the_warehouse_that_every_api_pod_reads() -> None:
+    documents = manifests("example")
+    warehouse = config_map(documents)["ESK_PROJECTIONS__WAREHOUSE_DIR"]
+    assert warehouse == dockerfile_env()["ESK_PROJECTIONS__WAREHOUSE_DIR"], "the image's default and the deployment's agree"
+    claims = {m["metadata"]["name"]: m for m in documents if m["kind"] == "PersistentVolumeClaim"}
+    read_models, api = component(documents, "read-models"), component(documents, "api")
+    mounted = {}
+    for workload in (read_models, api):
+        [container] = pod_spec(workload)["containers"]
+        kind, volume = mount_of(workload, container, warehouse)
+        assert kind == "pod" and "persistentVolumeClaim" in volume, f"{workload['metadata']['name']}: the warehouse on a claim"
+        [mount] = [m for m in container["volumeMounts"] if m["name"] == volume["name"]]
+        mounted[workload["metadata"]["labels"]["app.kubernetes.io/component"]] = (volume["persistentVolumeClaim"]["claimName"], mount.get("readOnly", False))
+    [claim] = {name for name, _ in mounted.values()}
+    assert mounted == {"read-models": (claim, False), "api": (claim, True)}, "one writer; the API reads"
+    assert claims[claim]["spec"]["accessModes"] == ["ReadWriteMany"], "the driver's pod and every API pod mount it at once"
+    # one driver: a table has one writer, a checkpoint one query
+    assert (read_models["spec"]["replicas"], read_models["spec"]["strategy"]["type"]) == (1, "Recreate")
+    assert read_models["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] >= 60, "the batch in flight ends at a stop"
+    assert configured_read_models(Settings(_env_file=None)), "the image's project declares read models (ESK_READ_MODELS)"
+
+
+def test_the_read_models_memory_covers_the_driver() -> None:
+    documents = manifests("example")
+    driver = config_map(documents).get("ESK_PROJECTIONS__DRIVER_MEMORY", Settings(_env_file=None).projections.driver_memory)
+    number, unit = found(r"^(\d+)([kmgt])b?$", driver.lower()).groups()  # the JVM's -Xmx form
+    heap = int(number) * 1024 ** "kmgt".index(unit) / 1024
+    resources = pod_spec(component(documents, "read-models"))["containers"][0]["resources"]
+    limit = mebibytes(resources["limits"]["memory"])
+    # the heap, plus the JVM's own memory, Python, and the upcasters' Python workers
+    assert limit >= heap + 768, resources
+    assert mebibytes(resources["requests"]["memory"]) == limit
 
 
 def mebibytes(quantity: str) -> float:
@@ -344,11 +385,16 @@ def test_the_image_holds_what_the_manifests_run() -> None:
     assert ["domain", "domain"] in copies, "the example domain (ESK_DOMAIN)"
     if (ROOT / "subscriptions").is_dir():
         assert ["subscriptions", "subscriptions"] in copies, "the example's subscriptions (ESK_SUBSCRIPTIONS): COPY subscriptions subscriptions"
-    [jars] = [c for c in copies if c[0] == "--from=jars"]
-    assert jars[-1] == dockerfile_env()["ESK_BROKER__JARS_DIR"]
+    assert ["projections", "projections"] in copies, "the example's read models (ESK_READ_MODELS)"
+    env = dockerfile_env()
+    jars = {c[-1] for c in copies if c[0] == "--from=jars"}
+    assert jars == {env["ESK_BROKER__JARS_DIR"], env["ESK_PROJECTIONS__JARS_DIR"]}
     jar_stage = DOCKERFILE.read_text().split("AS jars", 1)[1].split("\nFROM ", 1)[0]
-    [pom] = re.findall(r"COPY (\S+) ", jar_stage)
-    assert (ROOT / pom).is_file(), f"{pom}: the jars are resolved from the pom the package ships"
+    sources = [source for line in re.findall(r"^COPY (.+)$", jar_stage, re.M) for source in line.split()[:-1]]
+    assert {Path(source).parent.name for source in sources} == {"kafka", "spark"}
+    for source in sources:
+        assert (ROOT / source).is_file(), f"{source}: the jars are resolved from the Maven files the package ships"
+    assert re.search(r"pip install [^&]*\[spark\]", " ".join(dockerfile_args("RUN"))), "PySpark and delta-rs: the spark extra"
 
 
 def test_the_overlay_sets_namespace_image_and_settings() -> None:
