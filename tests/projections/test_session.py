@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -43,5 +44,20 @@ def test_caching_a_dataframe_leaves_no_session_behind() -> None:
             assert kept.groupBy("k").count().count() == 7
             kept.unpersist(blocking=True)
         assert _live_sessions(jvm_pid) == before
+    finally:
+        spark.stop()
+
+
+def test_spark_s_catalog_folder_is_made_in_the_warehouse_not_where_esk_runs(tmp_path: Path) -> None:
+    """A container's working directory may be read-only: Spark's catalog folder (which esk's
+    path-addressed tables leave empty) goes beside the tables."""
+    settings = Settings(_env_file=None)
+    warehouse = tmp_path / "warehouse"
+    settings = settings.model_copy(update={"projections": settings.projections.model_copy(update={"warehouse_dir": warehouse})})
+    spark = spark_session(settings, "esk-tests-catalog")
+    try:
+        assert [row[0] for row in spark.sql("SHOW DATABASES").collect()] == ["default"]  # the catalog, made
+        assert spark.conf.get("spark.sql.warehouse.dir") == f"file:{warehouse / '_spark'}"
+        assert (warehouse / "_spark").is_dir()
     finally:
         spark.stop()

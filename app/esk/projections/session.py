@@ -60,6 +60,10 @@ def spark_session(settings: Settings, app_name: str = "esk", archive_to: Path | 
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.session.timeZone", "UTC")
+        # Spark makes its catalog's folder at the first catalog access, by default in the
+        # working directory (which a container may have read-only); esk's tables are
+        # addressed by path, so that folder stays empty, beside them.
+        .config("spark.sql.warehouse.dir", str(Path(p.warehouse_dir).absolute() / "_spark"))
         .config("spark.sql.streaming.stopGracefullyOnShutdown", "true")
         .config(map=CACHE_WITHOUT_CLONES)
     )
