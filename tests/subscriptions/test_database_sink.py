@@ -151,9 +151,40 @@ async def test_a_member_frozen_holding_the_offset_row_holds_the_new_owner_back_u
     await new_db.close()
 
 
-def test_postgresql_refuses_a_timeout_that_would_never_end_a_frozen_transaction() -> None:
+async def test_a_postgresql_session_ended_between_transactions_is_replaced_at_the_next(postgres_dsn: str) -> None:
+    database, other = PostgreSQL(postgres_dsn, idle_in_transaction_timeout_s=3.0).connect(Path("unused")), PostgresDatabase(postgres_dsn)
+    await prepare(database, ledger)
+    await other.open()
+    sink = DatabaseSink(database, ledger, TP)
+    await sink.open()
+    async with database.transaction() as tx:
+        # each transaction carries the timeout (SET LOCAL: it holds behind a pooler too)
+        assert await tx.sql.fetchone("SHOW idle_in_transaction_session_timeout") == ("3s",)
+        row = await tx.sql.fetchone("SELECT pg_backend_pid()")
+    assert row is not None
+    async with other.transaction() as tx:  # a server restart, or an administrator, ends it
+        assert await tx.sql.fetchone("SELECT pg_terminate_backend(%s)", (row[0],)) == (True,)
+    await write(sink, "after", 1, next_offset=5)  # found lost at BEGIN: replaced, nothing lost
+    assert await rows(other) == [("after", 1)]
+    await database.close()
+    await other.close()
+
+
+async def test_postgresql_connections_give_up_a_silent_peer_unless_the_dsn_says_otherwise(postgres_dsn: str) -> None:
+    for dsn, idle in ((postgres_dsn, "10"), (f"{postgres_dsn}{'&' if '?' in postgres_dsn else '?'}keepalives_idle=60", "60")):
+        database = PostgresDatabase(dsn)
+        await database.open()
+        async with database.transaction() as tx:
+            assert await tx.sql.fetchone("SELECT 1") == (1,)
+        parameters = database._connection.info.get_parameters()  # type: ignore[union-attr]
+        assert (parameters["keepalives"], parameters["keepalives_idle"], parameters["tcp_user_timeout"]) == ("1", idle, "30000")
+        await database.close()
+
+
+@pytest.mark.parametrize("timeout_s", [0, -1.0, float("nan"), float("inf")])
+def test_postgresql_refuses_a_timeout_that_would_never_end_a_frozen_transaction(timeout_s: float) -> None:
     with pytest.raises(ValueError, match="idle_in_transaction_timeout_s"):
-        PostgreSQL("postgresql://localhost/db", idle_in_transaction_timeout_s=0)
+        PostgreSQL("postgresql://localhost/db", idle_in_transaction_timeout_s=timeout_s)
 
 
 async def test_a_failing_event_is_undone_alone_and_its_aggregate_parked_in_order(store: DatabaseConfig) -> None:

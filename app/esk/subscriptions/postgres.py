@@ -13,13 +13,20 @@ pause, a stopped process, a partition of the network) between its update and its
 would hold its partition's new owner back for as long as it stays frozen; PostgreSQL ends
 a session left idle inside a transaction for `idle_in_transaction_timeout_s`, and with it
 the locks. The frozen member, when it goes on, finds its connection gone: the partition
-starts again, on a new connection, from what the offset row says.
+starts again, on a new connection, from what the offset row says. The timeout is set in
+each transaction (SET LOCAL), so it holds behind a pooler such as PgBouncer too. A handler
+that awaits something slower than that between two statements loses its transaction the
+same way: its event fails, and is tried again, then parked.
+
+A connection whose peer went silent (a network that drops packets, a host that died) is
+given up by TCP keepalives and a user timeout, which esk sets unless the DSN does.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -44,8 +51,8 @@ class PostgreSQL:
     idle_in_transaction_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
-        if self.idle_in_transaction_timeout_s <= 0:
-            raise ValueError("idle_in_transaction_timeout_s must be positive")
+        if not 0 < self.idle_in_transaction_timeout_s < math.inf:
+            raise ValueError(f"idle_in_transaction_timeout_s must be a positive number of seconds, not {self.idle_in_transaction_timeout_s}")
 
     def connect(self, default_path: Path) -> Database:
         return PostgresDatabase(self.dsn, self.idle_in_transaction_timeout_s)
@@ -138,6 +145,13 @@ class _PostgresTransaction(Transaction):
 
 
 _IDLE = 0  # psycopg.pq.TransactionStatus.IDLE, without importing psycopg where it is not installed
+# libpq's parameters: a silent peer is given up in about half a minute, idle or not.
+_KEEPALIVES = {"keepalives": "1", "keepalives_idle": "10", "keepalives_interval": "5", "keepalives_count": "3", "tcp_user_timeout": "30000"}
+
+
+async def _roll_back_if_begun(connection: psycopg.AsyncConnection[Row]) -> None:
+    if not connection.closed and connection.info.transaction_status != _IDLE:
+        await connection.execute("ROLLBACK")
 
 
 class PostgresDatabase(Database):
@@ -160,36 +174,42 @@ class PostgresDatabase(Database):
     async def _connect(self) -> psycopg.AsyncConnection[Row]:
         try:
             import psycopg
+            from psycopg.conninfo import conninfo_to_dict, make_conninfo
         except ImportError:
             raise ImportError("a PostgreSQL database needs psycopg: pip install 'esk[postgres]'") from None
+        given = conninfo_to_dict(self.dsn)
+        conninfo = make_conninfo(self.dsn, **{name: value for name, value in _KEEPALIVES.items() if name not in given})
         # autocommit: esk says BEGIN and COMMIT itself, as it does with SQLite.
-        connection = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
-        try:
-            # SET, not the connection's `options`: those may be the user's, in the DSN.
-            await connection.execute(f"SET idle_in_transaction_session_timeout = {self.idle_in_transaction_timeout_ms}")
-        except BaseException:
-            await connection.close()
-            raise
-        return connection
+        return await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
 
     async def begin(self) -> Transaction:
         await self.lock.acquire()
         try:
-            connection = await self._connected()
+            return _PostgresTransaction(self, await self._begun())
         except BaseException:
             self.lock.release()
             raise
-        try:
-            await _finish(connection.execute("BEGIN"))
-        except BaseException:
+
+    async def _begun(self) -> psycopg.AsyncConnection[Row]:
+        """The connection, with a transaction begun on it. One found lost only now (the
+        server restarted, or ended the session, since the last transaction) is replaced
+        once: nothing had been done on it."""
+        begin = f"BEGIN; SET LOCAL idle_in_transaction_session_timeout = {self.idle_in_transaction_timeout_ms}"
+        replaced = False
+        while True:
+            connection = await self._connected()
             try:
-                # begun after all, while the caller was cancelled
-                if not connection.closed and connection.info.transaction_status != _IDLE:
-                    await connection.execute("ROLLBACK")
-            finally:
-                self.lock.release()
-            raise
-        return _PostgresTransaction(self, connection)
+                await _finish(connection.execute(begin))
+                return connection
+            except Exception:
+                if connection.closed and not replaced:
+                    replaced = False
+                    continue
+                await _roll_back_if_begun(connection)
+                raise
+            except BaseException:  # cancelled, while BEGIN may have gone through
+                await _roll_back_if_begun(connection)
+                raise
 
     async def _connected(self) -> psycopg.AsyncConnection[Row]:
         """The open connection; one that was lost (the server ended the session, restarted,
