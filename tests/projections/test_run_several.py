@@ -87,6 +87,13 @@ def test_read_models_are_chosen_by_name_or_all() -> None:
         select_read_models({}, [], every=True)
 
 
+@pytest.mark.parametrize("name", ["_spark", "_checkpoints", "1st", "orders-by-day", "", "ünits"])
+def test_a_read_model_s_name_is_a_folder_a_table_and_a_url(name: str) -> None:
+    with pytest.raises(ValueError, match="a read model's name is a letter, then letters, digits or _"):
+        esk.ReadModel(name, (counters,), "")
+    assert esk.ReadModel("Orders_2", (counters,), "").name == "Orders_2"
+
+
 def test_catch_ups_take_turns_and_a_stop_ends_the_wait() -> None:
     turn, stop = threading.Lock(), StopRequest()
     with _turn(turn, stop) as first:

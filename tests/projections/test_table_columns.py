@@ -59,7 +59,10 @@ def test_a_read_generation_of_other_columns_is_refused_with_what_changed(tmp_pat
     assert "total was bigint, now string" in message
     assert "lines was array<struct<sku:string,qty:bigint>>, now array<struct<sku:string>>" in message
     # what `esk project run` and the spark-submit job say, with the way out
-    assert str(RunFailed("orders", refused.value)) == f"orders: {message}: run it again with --rebuild, which builds a table of its new columns from the events"
+    assert str(RunFailed("orders", refused.value)) == (
+        f"orders: {message}: rebuild that read model alone (`esk project run orders --rebuild`, or the spark-submit job with "
+        "`orders --rebuild`), which builds a table of its new columns from the events"
+    )
     dropped = declared(types.StructField("order_id", types.StringType()), types.StructField("total", types.LongType()))
     with pytest.raises(ColumnsChanged, match="lines is gone"):
         _table_fits(path, tmp_path / "checkpoint", dropped, (), read=True)

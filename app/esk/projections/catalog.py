@@ -13,6 +13,7 @@ only then replaces CURRENT (atomically), so a reader never sees a half-built rea
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 T = TypeVar("T")
+_READ_MODEL_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,12 @@ class ReadModel:
     description: str
     order_by: tuple[str, ...] = ()  # how readers get rows ("-col" = descending)
     partition_by: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        # Its folder in the warehouse (beside esk's own `_checkpoints` and `_spark`), its
+        # table in `esk sql`, and its URL.
+        if not _READ_MODEL_NAME.fullmatch(self.name):
+            raise ValueError(f"a read model's name is a letter, then letters, digits or _: not {self.name!r}")
 
     @property
     def categories(self) -> tuple[str, ...]:

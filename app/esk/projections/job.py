@@ -38,5 +38,6 @@ def main() -> None:
         raise failed.error from None  # its traceback, for the driver's log
     raise SystemExit(code)
 
+
 if __name__ == "__main__":
     main()

@@ -205,7 +205,10 @@ class RunFailed(Exception):
 
     def __init__(self, name: str, error: BaseException, others: Sequence[RunSummary] = ()) -> None:
         if isinstance(error, ColumnsChanged):
-            message = f"{name}: {error}: run it again with --rebuild, which builds a table of its new columns from the events"
+            message = (
+                f"{name}: {error}: rebuild that read model alone (`esk project run {name} --rebuild`, or the "
+                f"spark-submit job with `{name} --rebuild`), which builds a table of its new columns from the events"
+            )
         else:
             message = f"{name} failed: {error}"
         super().__init__(message)
