@@ -38,8 +38,10 @@ cli.add_typer(state_cli, name="state")
 subscriptions_cli = typer.Typer(no_args_is_help=True, help="Subscriptions: their lag, parked events, retries and replays.")
 cli.add_typer(subscriptions_cli, name="subscriptions")
 
-console = Console()
-err = Console(stderr=True)
+# soft_wrap: a line printed to a pipe or a log file stays one line (rich would otherwise wrap
+# it at 80 columns), as a log collector reads it; tables still fit the width.
+console = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
 
 
 def load_settings(**overrides: Any) -> Settings:

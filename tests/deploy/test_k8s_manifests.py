@@ -40,7 +40,7 @@ WORKLOADS = {"Deployment", "StatefulSet", "DaemonSet", "Job"}
 # Every workload each kustomization deploys, by its app.kubernetes.io/component label: the
 # example overlay takes the read models' component (components/read-models).
 BASE_COMPONENTS = {"processor": "StatefulSet", "api": "Deployment", "topics-init": "Job", "subscriber": "StatefulSet"}
-COMPONENTS = {"base": BASE_COMPONENTS, "example": BASE_COMPONENTS | {"read-models": "Deployment"}}
+COMPONENTS = {"base": BASE_COMPONENTS, "example": BASE_COMPONENTS | {"read-models": "StatefulSet"}}
 
 Manifest = dict[str, Any]
 
@@ -346,8 +346,9 @@ def test_the_read_models_write_the_warehouse_that_every_api_pod_reads() -> None:
     [claim] = {name for name, _ in mounted.values()}
     assert mounted == {"read-models": (claim, False), "api": (claim, True)}, "one writer; the API reads"
     assert claims[claim]["spec"]["accessModes"] == ["ReadWriteMany"], "the driver's pod and every API pod mount it at once"
-    # one driver: a table has one writer, a checkpoint one query
-    assert (read_models["spec"]["replicas"], read_models["spec"]["strategy"]["type"]) == (1, "Recreate")
+    # one driver, even when a node is lost: a table has one writer, a checkpoint one query
+    assert (read_models["kind"], read_models["spec"]["replicas"]) == ("StatefulSet", 1)
+    assert all(m["metadata"]["labels"]["app.kubernetes.io/part-of"] == "esk" for m in documents if m["kind"] != "Namespace")
     assert read_models["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] >= 60, "the batch in flight ends at a stop"
     assert configured_read_models(Settings(_env_file=None)), "the image's project declares read models (ESK_READ_MODELS)"
 
@@ -387,8 +388,8 @@ def test_the_image_holds_what_the_manifests_run() -> None:
         assert ["subscriptions", "subscriptions"] in copies, "the example's subscriptions (ESK_SUBSCRIPTIONS): COPY subscriptions subscriptions"
     assert ["projections", "projections"] in copies, "the example's read models (ESK_READ_MODELS)"
     env = dockerfile_env()
-    jars = {c[-1] for c in copies if c[0] == "--from=jars"}
-    assert jars == {env["ESK_BROKER__JARS_DIR"], env["ESK_PROJECTIONS__JARS_DIR"]}
+    jars = {Path(c[1]).parent.name: c[-1] for c in copies if c[0] == "--from=jars"}
+    assert jars == {"kafka": env["ESK_BROKER__JARS_DIR"], "spark": env["ESK_PROJECTIONS__JARS_DIR"]}
     jar_stage = DOCKERFILE.read_text().split("AS jars", 1)[1].split("\nFROM ", 1)[0]
     sources = [source for line in re.findall(r"^COPY (.+)$", jar_stage, re.M) for source in line.split()[:-1]]
     assert {Path(source).parent.name for source in sources} == {"kafka", "spark"}

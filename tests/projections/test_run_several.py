@@ -121,8 +121,11 @@ def _javas(process: psutil.Process) -> int:
 
 
 @contextmanager
-def _esk_dev(settings: Settings, tmp_path: Path, read_models: str) -> Iterator[tuple[subprocess.Popen[bytes], httpx.Client, Path]]:
-    """`esk dev` over the counters and `read_models`, in its own process group, its API ready."""
+def _esk_dev(
+    settings: Settings, tmp_path: Path, read_models: str
+) -> Iterator[tuple[subprocess.Popen[bytes], httpx.Client, Path, dict[str, str]]]:
+    """`esk dev` over the counters and `read_models`, in its own process group, its API ready;
+    and its environment, for other esk commands of the same project (run in `tmp_path`)."""
     settings = _settings(settings, tmp_path, read_models)
     api_port = free_port()
     env = esk_env(
@@ -144,7 +147,7 @@ def _esk_dev(settings: Settings, tmp_path: Path, read_models: str) -> Iterator[t
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{api_port}", timeout=30) as client:
             _until(lambda: _answers(client, "/readyz"), dev, log, "the API is ready")
-            yield dev, client, log
+            yield dev, client, log, env
     finally:
         if dev.poll() is None:
             os.killpg(dev.pid, signal.SIGKILL)
@@ -154,33 +157,47 @@ def _esk_dev(settings: Settings, tmp_path: Path, read_models: str) -> Iterator[t
 @pytest.mark.kafka
 @pytest.mark.spark
 def test_esk_dev_keeps_the_read_models_up_in_one_driver(settings: Settings, tmp_path: Path) -> None:
-    with _esk_dev(settings, tmp_path, "TWO") as (dev, client, log):
-        for command, body in (("start", {}), ("add", {"n": 2}), ("add", {"n": 5})):
-            answer = client.post(f"/v1/counters/c1/{command}", json=body)
-            assert answer.status_code == 200, answer.text
-        # reads that wait for the last command's position: both read models are kept up
+    def kept_up(client: httpx.Client, log: Path, command: str, body: dict[str, int], rows: dict[str, dict[str, object]]) -> None:
+        """A command, then reads that wait for its position: each read model shows its row."""
+        answer = client.post(f"/v1/counters/c1/{command}", json=body)
+        assert answer.status_code == 200, answer.text
         token = answer.json()["position"]["token"]
-        for name, row in (
-            ("counter_adds", {"counter_id": "c1", "adds": 2, "version": 3}),
-            ("counter_totals", {"counter_id": "c1", "total": 7, "version": 3}),
-        ):
+        for name, row in rows.items():
             r = client.get(f"/v1/projections/{name}", params={"counter_id": "c1", "after": token, "wait_ms": 120_000}, timeout=150)
             assert r.status_code == 200, f"{r.text}\n{log.read_text()[-4000:]}"
             assert r.json()["rows"] == [row]
+
+    with _esk_dev(settings, tmp_path, "TWO") as (dev, client, log, env):
+        for command, body in (("start", {}), ("add", {"n": 2})):
+            assert client.post(f"/v1/counters/c1/{command}", json=body).status_code == 200
+        kept_up(client, log, "add", {"n": 5}, {
+            "counter_adds": {"counter_id": "c1", "adds": 2, "version": 3},
+            "counter_totals": {"counter_id": "c1", "total": 7, "version": 3},
+        })
         assert _javas(psutil.Process(dev.pid)) == 1  # one driver for both (no embedded broker: one is given)
+        # A rebuild beside it, as a user runs one: readers move to the new generation, which
+        # esk dev's driver then keeps up (it would otherwise stand still at the rebuild's end).
+        rebuilt = subprocess.run(
+            [sys.executable, "-m", "esk", "project", "run", "counter_adds", "--rebuild"],
+            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=240,
+        )
+        assert rebuilt.returncode == 0, rebuilt.stdout + rebuilt.stderr
+        assert "counter_adds: readers now use generation 2" in rebuilt.stdout + rebuilt.stderr
+        kept_up(client, log, "add", {"n": 1}, {"counter_adds": {"counter_id": "c1", "adds": 3, "version": 4}})
+        assert "counter_adds: readers were moved to generation 2 by another run: keeping that one up now" in log.read_text()
         os.killpg(dev.pid, signal.SIGINT)  # Ctrl-C in its terminal: every process of the group gets it
         assert dev.wait(timeout=60) == 0, log.read_text()[-4000:]
     output = log.read_text()
     assert "read models, kept up by one Spark driver: counter_totals, counter_adds" in output
     # both runs' summaries: they stopped cleanly, together
-    assert "counter_totals: generation 1" in output and "counter_adds: generation 1" in output
+    assert "counter_totals: generation 1" in output and "counter_adds: generation 2" in output
     assert "stopped in the middle of a batch" not in output and "Traceback" not in output
 
 
 @pytest.mark.kafka
 @pytest.mark.spark
 def test_a_read_model_that_fails_stops_the_others_and_esk_dev_goes_on_without_them(settings: Settings, tmp_path: Path) -> None:
-    with _esk_dev(settings, tmp_path, "WITH_A_BROKEN_ONE") as (dev, client, log):
+    with _esk_dev(settings, tmp_path, "WITH_A_BROKEN_ONE") as (dev, client, log, _):
         assert client.post("/v1/counters/c1/start", json={}).status_code == 200
         # `esk project run --all --continuous`: only the failure ends it, the healthy read
         # model's run included, and the process fails

@@ -85,9 +85,10 @@ def run(
 ) -> RunSummary:
     """Catches the read model up, then (`continuous`) keeps it up until the query stops or
     `stop` asks; a stop lets the batch in flight end (STOP_WAIT_S at most). Readers move to
-    a new generation only once it has caught up (`RunSummary.caught_up`). The catch-up
-    holds `catch_up_turn`, when given, as it runs."""
-    console = console or Console(stderr=True)
+    a new generation only once it has caught up (`RunSummary.caught_up`); a continuous
+    run follows readers to a generation another run switched them to. The catch-up holds
+    `catch_up_turn`, when given, as it runs."""
+    console = console or Console(stderr=True, soft_wrap=True)
     name = projection.model.name
     tables = Tables(settings.projections.warehouse_dir)
     current = tables.current_generation(name)
@@ -178,8 +179,16 @@ def run(
         query = writer().trigger(processingTime=f"{settings.projections.trigger_interval_s} seconds").start()
         report_every_s = max(LAG_REPORT_EVERY_S, round(settings.projections.trigger_interval_s * 2))
         reported = vacuumed = time.monotonic()
+        moved_to: int | None = None
         try:
             while _await(query, stop):
+                # `esk project run NAME --rebuild` elsewhere (a one-off beside `esk dev`, or a
+                # cluster's pod) moved readers to the generation it built, and then ends:
+                # this run keeps that one up from now on, or readers would see it stand still.
+                moved_to = tables.current_generation(name)
+                if moved_to is not None and moved_to != generation:
+                    break
+                moved_to = None
                 if time.monotonic() - reported > report_every_s:
                     lag = _lag(query.lastProgress)
                     if lag != summary.lag:  # a read model that keeps up says so once, not every few seconds
@@ -196,6 +205,9 @@ def run(
         finally:
             _stop_between_batches(query, stop, console, name)
             summary.lag = _lag(query.lastProgress)
+        if moved_to is not None and not stop.asked.is_set():
+            console.print(f"{name}: readers were moved to generation {moved_to} by another run: keeping that one up now", highlight=False)
+            return run(settings, projection, continuous, False, console, spark, stop, catch_up_turn)
     return summary
 
 
