@@ -77,10 +77,19 @@ def read_rows(tables: Tables, model: ReadModel, filters: dict[str, str], limit: 
         # string, and pyarrow compares neither with the other.
         term = pc.field(column).cast(arrow_type) == _convert(raw, arrow_type, pa)
         condition = term if condition is None else condition & term
-    table = dataset.to_table(filter=condition)
-    if model.order_by:
-        table = table.sort_by([(c.lstrip("-"), "descending" if c.startswith("-") else "ascending") for c in model.order_by])
-    return [_jsonable(row) for row in table.slice(0, limit).to_pylist()]
+    sort_keys = [(c.lstrip("-"), "descending" if c.startswith("-") else "ascending") for c in model.order_by]
+    if not sort_keys:
+        table = dataset.head(limit, filter=condition)
+    else:
+        # The first `limit` in order, kept as the scan goes: a read holds a batch and those
+        # rows, not every row that matches (all of a big table's, without filters).
+        table = dataset.schema.empty_table()
+        for batch in dataset.to_batches(filter=condition):
+            if batch.num_rows:
+                candidates = pa.concat_tables([table, pa.Table.from_batches([batch])])
+                table = candidates.take(pc.select_k_unstable(candidates, k=limit, sort_keys=sort_keys))
+        table = table.sort_by(sort_keys)
+    return [_jsonable(row) for row in table.to_pylist()]
 
 
 def _convert(raw: str, arrow_type: Any, pa: Any) -> Any:

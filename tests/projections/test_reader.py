@@ -1,0 +1,71 @@
+"""The API's reads of a read model (delta-rs, no Spark): filters as the columns' types, the
+read model's order, at most `limit` rows, across the files of a table written batch by
+batch."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+deltalake = pytest.importorskip("deltalake")
+
+import esk  # noqa: E402
+from esk.projections.catalog import Tables  # noqa: E402
+from esk.projections.reader import BadFilter, ReadModelNotBuilt, read_rows  # noqa: E402
+from tests.counters import counters  # noqa: E402
+
+RANKED = esk.ReadModel("ranked", (counters,), "counters by total, largest first", order_by=("-total", "counter_id"))
+UNORDERED = esk.ReadModel("ranked", (counters,), "the same table, in no order")
+
+
+def _rows(n: int, seed: int) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+    return [{"counter_id": f"c{seed}-{i}", "kind": rng.choice(["a", "b"]), "total": rng.randint(0, 20)} for i in range(n)]
+
+
+@pytest.fixture
+def written(tmp_path: Path) -> tuple[Tables, list[dict[str, Any]]]:
+    """A table of five files (one a batch), as a read model's batches leave it."""
+    tables = Tables(tmp_path / "warehouse")
+    schema = pa.schema([("counter_id", pa.string()), ("kind", pa.string()), ("total", pa.int64())])
+    everything: list[dict[str, Any]] = []
+    for seed in range(5):
+        batch = _rows(40, seed)
+        deltalake.write_deltalake(str(tables.path("ranked", 1)), pa.Table.from_pylist(batch, schema), mode="append")
+        everything += batch
+    tables.switch("ranked", 1)
+    return tables, everything
+
+
+def _in_order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return sorted(rows, key=lambda r: (-r["total"], r["counter_id"]))
+
+
+@pytest.mark.parametrize("limit", [1, 7, 200, 1000])
+def test_the_first_rows_in_the_read_model_s_order_across_every_file(written: tuple[Tables, list[dict[str, Any]]], limit: int) -> None:
+    tables, everything = written
+    assert read_rows(tables, RANKED, {}, limit) == _in_order(everything)[:limit]
+    kind_b = [r for r in everything if r["kind"] == "b"]
+    assert read_rows(tables, RANKED, {"kind": "b"}, limit) == _in_order(kind_b)[:limit]
+
+
+def test_without_an_order_at_most_limit_rows_that_match(written: tuple[Tables, list[dict[str, Any]]]) -> None:
+    tables, everything = written
+    some = read_rows(tables, UNORDERED, {"total": "7"}, 3)
+    matching = [r for r in everything if r["total"] == 7]
+    assert len(some) == min(3, len(matching)) and all(r in matching for r in some)
+    assert sorted(read_rows(tables, UNORDERED, {"total": "7"}, 1000), key=str) == sorted(matching, key=str)
+
+
+def test_a_filter_on_no_such_column_or_of_the_wrong_type_is_refused(written: tuple[Tables, list[dict[str, Any]]], tmp_path: Path) -> None:
+    tables, _ = written
+    with pytest.raises(BadFilter, match="no column 'nope'"):
+        read_rows(tables, RANKED, {"nope": "1"}, 10)
+    with pytest.raises(BadFilter, match="'many' is not a valid int64"):
+        read_rows(tables, RANKED, {"total": "many"}, 10)
+    with pytest.raises(ReadModelNotBuilt):
+        read_rows(Tables(tmp_path / "empty"), RANKED, {}, 10)
