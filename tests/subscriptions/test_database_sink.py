@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -168,6 +169,37 @@ async def test_a_postgresql_session_ended_between_transactions_is_replaced_at_th
     assert await rows(other) == [("after", 1)]
     await database.close()
     await other.close()
+
+
+class _LostConnection:
+    """A connection whose server is gone: every statement fails, and it knows it is closed."""
+
+    closed = True
+
+    def __init__(self) -> None:
+        self.statements = 0
+
+    async def execute(self, sql: str) -> None:
+        self.statements += 1
+        raise psycopg.OperationalError("server closed the connection unexpectedly")
+
+
+async def test_a_begin_on_a_lost_connection_is_tried_once_more_on_a_new_one_then_fails() -> None:
+    """No server: the retry's logic alone. A server that refuses every session must not keep
+    the subscriber reconnecting in a loop."""
+    made: list[_LostConnection] = []
+
+    class AlwaysLost(PostgresDatabase):
+        async def _connect(self) -> Any:
+            made.append(_LostConnection())
+            return made[-1]
+
+    database = AlwaysLost("postgresql://localhost/nowhere")
+    await database.open()
+    with pytest.raises(psycopg.OperationalError):
+        await asyncio.wait_for(database.begin(), 5)
+    assert [connection.statements for connection in made] == [0, 1, 1]  # opened; replaced at BEGIN; once more
+    assert not database.lock.locked()
 
 
 async def test_postgresql_connections_give_up_a_silent_peer_unless_the_dsn_says_otherwise(postgres_dsn: str) -> None:

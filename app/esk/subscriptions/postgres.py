@@ -203,7 +203,7 @@ class PostgresDatabase(Database):
                 return connection
             except Exception:
                 if connection.closed and not replaced:
-                    replaced = False
+                    replaced = True
                     continue
                 await _roll_back_if_begun(connection)
                 raise
