@@ -179,16 +179,13 @@ def run(
         query = writer().trigger(processingTime=f"{settings.projections.trigger_interval_s} seconds").start()
         report_every_s = max(LAG_REPORT_EVERY_S, round(settings.projections.trigger_interval_s * 2))
         reported = vacuumed = time.monotonic()
-        moved_to: int | None = None
         try:
             while _await(query, stop):
                 # `esk project run NAME --rebuild` elsewhere (a one-off beside `esk dev`, or a
                 # cluster's pod) moved readers to the generation it built, and then ends:
                 # this run keeps that one up from now on, or readers would see it stand still.
-                moved_to = tables.current_generation(name)
-                if moved_to is not None and moved_to != generation:
+                if tables.current_generation(name) not in (None, generation):
                     break
-                moved_to = None
                 if time.monotonic() - reported > report_every_s:
                     lag = _lag(query.lastProgress)
                     if lag != summary.lag:  # a read model that keeps up says so once, not every few seconds
@@ -205,7 +202,8 @@ def run(
         finally:
             _stop_between_batches(query, stop, console, name)
             summary.lag = _lag(query.lastProgress)
-        if moved_to is not None and not stop.asked.is_set():
+        moved_to = tables.current_generation(name)
+        if moved_to not in (None, generation) and not stop.asked.is_set():
             console.print(f"{name}: readers were moved to generation {moved_to} by another run: keeping that one up now", highlight=False)
             return run(settings, projection, continuous, False, console, spark, stop, catch_up_turn)
     return summary
