@@ -69,3 +69,33 @@ def test_a_filter_on_no_such_column_or_of_the_wrong_type_is_refused(written: tup
         read_rows(tables, RANKED, {"total": "many"}, 10)
     with pytest.raises(ReadModelNotBuilt):
         read_rows(Tables(tmp_path / "empty"), RANKED, {}, 10)
+
+
+# A read that answers from the first rows, then the process's end at once (an API pod
+# stopped right after a read): with pyarrow's threaded head(), the scan read on in the
+# background and the process crashed or hung in pyarrow's teardown.
+READ_THEN_EXIT = """
+import sys
+from pathlib import Path
+import esk
+from esk.projections.catalog import Tables
+from esk.projections.reader import read_rows
+from tests.counters import counters
+unordered = esk.ReadModel("ranked", (counters,), "in no order")
+print(len(read_rows(Tables(Path(sys.argv[1])), unordered, {}, 100)))
+"""
+
+
+def test_a_process_that_reads_then_exits_at_once_exits_cleanly(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    tables = Tables(tmp_path / "warehouse")
+    for part in range(8):
+        ids = [f"c{part}-{i}" for i in range(50_000)]
+        columns = {"counter_id": ids, "kind": ["a"] * len(ids), "total": list(range(len(ids)))}
+        deltalake.write_deltalake(str(tables.path("ranked", 1)), pa.table(columns), mode="append")
+    tables.switch("ranked", 1)
+    for _ in range(3):
+        done = subprocess.run([sys.executable, "-c", READ_THEN_EXIT, str(tables.warehouse)], capture_output=True, text=True, timeout=60)
+        assert (done.returncode, done.stdout) == (0, "100\n"), done.stderr[-2000:]

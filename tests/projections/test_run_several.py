@@ -185,6 +185,16 @@ def test_esk_dev_keeps_the_read_models_up_in_one_driver(settings: Settings, tmp_
         assert "counter_adds: readers now use generation 2" in rebuilt.stdout + rebuilt.stderr
         kept_up(client, log, "add", {"n": 1}, {"counter_adds": {"counter_id": "c1", "adds": 3, "version": 4}})
         assert "counter_adds: readers were moved to generation 2 by another run: keeping that one up now" in log.read_text()
+        # One run keeps a generation: a one-shot run beside esk dev's is refused before its
+        # driver starts (it would share the checkpoint), naming esk dev's run
+        beside = subprocess.run(
+            [sys.executable, "-m", "esk", "project", "run", "counter_totals", "counter_adds"],
+            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        )
+        assert beside.returncode == 1, beside.stdout + beside.stderr
+        assert "error: counter_totals: generation 1 is being run by another process (pid " in beside.stderr
+        assert "esk project run --all --continuous" in beside.stderr
+        assert "Spark" not in beside.stdout + beside.stderr  # no driver started
         os.killpg(dev.pid, signal.SIGINT)  # Ctrl-C in its terminal: every process of the group gets it
         assert dev.wait(timeout=60) == 0, log.read_text()[-4000:]
     output = log.read_text()

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ..domain.aggregate import AggregateType
 from ..registry import by_name, load_object, load_optional
 from ..settings import Settings
+from .run_lock import GenerationLock
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -366,6 +367,11 @@ class Tables:
 
     def checkpoint(self, name: str, generation: int) -> Path:
         return self.warehouse / "_checkpoints" / name / f"g{generation}"
+
+    def run_lock(self, name: str, generation: int) -> GenerationLock:
+        """The lock a run of the generation holds (run_lock.py): beside its checkpoint, which
+        a run starting the generation over removes, and out of readers' way."""
+        return GenerationLock(self.warehouse / "_checkpoints" / name / f"g{generation}.lock", name, generation)
 
     def switch(self, name: str, generation: int) -> None:
         """Point readers at `generation`: a rename, so they see the old or the new, never neither."""

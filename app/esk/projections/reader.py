@@ -79,7 +79,10 @@ def read_rows(tables: Tables, model: ReadModel, filters: dict[str, str], limit: 
         condition = term if condition is None else condition & term
     sort_keys = [(c.lstrip("-"), "descending" if c.startswith("-") else "ascending") for c in model.order_by]
     if not sort_keys:
-        table = dataset.head(limit, filter=condition)
+        # Serially: a threaded head() answers, then reads ahead in the background for no
+        # one, and a process that exits meanwhile (a pod stopped right after a read)
+        # crashes or hangs in pyarrow's teardown (docs/benchmarks.md).
+        table = dataset.head(limit, filter=condition, use_threads=False)
     else:
         # The first `limit` in order, kept as the scan goes: a read holds a batch and those
         # rows, not every row that matches (all of a big table's, without filters).

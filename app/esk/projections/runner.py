@@ -35,6 +35,7 @@ from rich.console import Console
 from ..settings import Settings
 from .catalog import BatchWriter, Projection, Tables, session_conf
 from .events import decode, event_stream, older_version, upcast
+from .run_lock import GenerationBusy, GenerationLock
 from .session import spark_session
 
 # Delta settings for many small writes on a few cores: Delta rebuilds a table's snapshot
@@ -56,6 +57,9 @@ POLL_S = 1  # seconds: how soon a run notices it is asked to stop
 # it kills (Kubernetes: 30 s). A batch still running then is interrupted, and runs again
 # at the next start (its writes are idempotent).
 STOP_WAIT_S = 20.0
+# How long a continuous run that follows readers to a generation another run built waits
+# for that run to let go of it: a rebuild lets go as it ends, just after the switch.
+FOLLOW_WAIT_S = 30.0
 # Every batch adds files, whichever writer wrote it: the runner compacts them (delta-rs, in
 # the batch, so never beside a write) every so many batches. Spark's auto compaction would
 # follow Spark's writes only, and rewrote a catch-up's first write at once.
@@ -82,18 +86,64 @@ def run(
     spark: SparkSession | None = None,
     stop: StopRequest | None = None,
     catch_up_turn: threading.Lock | None = None,
+    lock: GenerationLock | None = None,
 ) -> RunSummary:
     """Catches the read model up, then (`continuous`) keeps it up until the query stops or
     `stop` asks; a stop lets the batch in flight end (STOP_WAIT_S at most). Readers move to
     a new generation only once it has caught up (`RunSummary.caught_up`); a continuous
     run follows readers to a generation another run switched them to. The catch-up holds
-    `catch_up_turn`, when given, as it runs."""
+    `catch_up_turn`, when given, as it runs. The run holds its generation's `lock`, taken
+    here (before Spark starts) unless the caller took it: another run of the generation
+    is refused with GenerationBusy."""
     console = console or Console(stderr=True, soft_wrap=True)
+    stop = stop or StopRequest()
+    name = projection.model.name
+    tables = Tables(settings.projections.warehouse_dir)
+    lock = lock or lock_generation(tables, name, rebuild)
+    with lock:
+        spark = spark or _driver_session(settings, f"esk-project-{name}")
+        summary = _keep(settings, projection, lock.generation, continuous, console, spark, stop, catch_up_turn)
+    moved_to = tables.current_generation(name)
+    if not continuous or stop.asked.is_set() or moved_to is None or moved_to == lock.generation:
+        return summary
+    # `esk project run NAME --rebuild` elsewhere (a one-off beside `esk dev`, or a cluster's
+    # pod) moved readers to the generation it built, and then ends: this run keeps that one
+    # up from now on, once that run has let go of it, or readers would see it stand still.
+    console.print(f"{name}: readers were moved to generation {moved_to} by another run: keeping that one up now", highlight=False)
+    following = tables.run_lock(name, moved_to)
+    try:
+        if not following.acquire(FOLLOW_WAIT_S, stop.asked):
+            return summary
+    except GenerationBusy as busy:  # that run keeps it up itself (`--rebuild --continuous`)
+        console.print(f"{name}: generation {moved_to} is kept up by another run ({busy.holder}): leaving it to that one", highlight=False)
+        return summary
+    return run(settings, projection, continuous, False, console, spark, stop, catch_up_turn, following)
+
+
+def lock_generation(tables: Tables, name: str, rebuild: bool) -> GenerationLock:
+    """The generation a run keeps, locked: the one readers use, or a new one (`rebuild`, or
+    the first). Raises GenerationBusy while another run holds it."""
+    current = tables.current_generation(name)
+    lock = tables.run_lock(name, (current or 0) + 1 if rebuild or current is None else current)
+    lock.acquire()
+    return lock
+
+
+def _keep(
+    settings: Settings,
+    projection: Projection,
+    generation: int,
+    continuous: bool,
+    console: Console,
+    spark: SparkSession,
+    stop: StopRequest,
+    catch_up_turn: threading.Lock | None,
+) -> RunSummary:
+    """`run`'s work on the generation it holds: it ends when the query does, when `stop`
+    asks, or when readers move to another generation."""
     name = projection.model.name
     tables = Tables(settings.projections.warehouse_dir)
     current = tables.current_generation(name)
-    generation = (current or 0) + 1 if rebuild or current is None else current
-    spark = spark or _driver_session(settings, f"esk-project-{name}")
     for key, value in DELTA_CONF.items():
         spark.conf.set(key, value)
     path = tables.path(name, generation)
@@ -149,8 +199,6 @@ def run(
             highlight=False,
         )
 
-    stop = stop or StopRequest()
-
     def writer() -> DataStreamWriter:
         return (
             event_stream(spark, settings, categories)
@@ -181,11 +229,8 @@ def run(
         reported = vacuumed = time.monotonic()
         try:
             while _await(query, stop):
-                # `esk project run NAME --rebuild` elsewhere (a one-off beside `esk dev`, or a
-                # cluster's pod) moved readers to the generation it built, and then ends:
-                # this run keeps that one up from now on, or readers would see it stand still.
                 if tables.current_generation(name) not in (None, generation):
-                    break
+                    break  # readers moved to another generation: `run` follows them
                 if time.monotonic() - reported > report_every_s:
                     lag = _lag(query.lastProgress)
                     if lag != summary.lag:  # a read model that keeps up says so once, not every few seconds
@@ -202,10 +247,6 @@ def run(
         finally:
             _stop_between_batches(query, stop, console, name)
             summary.lag = _lag(query.lastProgress)
-        moved_to = tables.current_generation(name)
-        if moved_to not in (None, generation) and not stop.asked.is_set():
-            console.print(f"{name}: readers were moved to generation {moved_to} by another run: keeping that one up now", highlight=False)
-            return run(settings, projection, continuous, False, console, spark, stop, catch_up_turn)
     return summary
 
 
@@ -214,7 +255,9 @@ class RunFailed(Exception):
     summaries of the read models that stopped because of it."""
 
     def __init__(self, name: str, error: BaseException, others: Sequence[RunSummary] = ()) -> None:
-        if isinstance(error, ColumnsChanged):
+        if isinstance(error, GenerationBusy):
+            message = f"{name}: {error}"
+        elif isinstance(error, ColumnsChanged):
             message = (
                 f"{name}: {error}: rebuild that read model alone (`esk project run {name} --rebuild`, or the "
                 f"spark-submit job with `{name} --rebuild`), which builds a table of its new columns from the events"
@@ -246,14 +289,20 @@ def run_several(
     stop = stop or StopRequest()
     catch_up_turn = threading.Lock()
     names = [projection.model.name for projection in projections]
-    spark = _driver_session(settings, f"esk-project-{'-'.join(names)}" if len(names) <= 3 else "esk-project")
+    locks = _lock_generations(Tables(settings.projections.warehouse_dir), names, rebuild)
+    try:
+        spark = _driver_session(settings, f"esk-project-{'-'.join(names)}" if len(names) <= 3 else "esk-project")
+    except BaseException:
+        for lock in locks.values():
+            lock.release()
+        raise
     summaries: dict[str, RunSummary] = {}
     failures: list[RunFailed] = []
 
     def one(projection: Projection) -> None:
         name = projection.model.name
         try:
-            summaries[name] = run(settings, projection, continuous, rebuild, console, spark.newSession(), stop, catch_up_turn)
+            summaries[name] = run(settings, projection, continuous, rebuild, console, spark.newSession(), stop, catch_up_turn, locks[name])
         except BaseException as error:  # the thread's end: whatever it was, the run failed
             failures.append(RunFailed(name, error))
             stop.asked.set()
@@ -275,6 +324,20 @@ def run_several(
         failed = failures[0]
         raise RunFailed(failed.name, failed.error, [summaries[name] for name in names if name in summaries])
     return [summaries[name] for name in names]
+
+
+def _lock_generations(tables: Tables, names: Sequence[str], rebuild: bool) -> dict[str, GenerationLock]:
+    """Each read model's generation, locked before the driver starts: a run refused because
+    another holds one of them is refused in a second, and holds none."""
+    locks: dict[str, GenerationLock] = {}
+    try:
+        for name in names:
+            locks[name] = lock_generation(tables, name, rebuild)
+    except GenerationBusy as busy:
+        for lock in locks.values():
+            lock.release()
+        raise RunFailed(busy.name, busy) from None
+    return locks
 
 
 def run_and_report(

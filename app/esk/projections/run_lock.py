@@ -1,0 +1,108 @@
+"""One run at a time per read model generation.
+
+Two runs of one generation would share its streaming checkpoint and its table: both would
+plan the same batches, and a run starting over a generation readers do not use yet removes
+its table and checkpoint (runner._table_fits) from under the other. So a run holds an
+exclusive lock on a file beside the generation's checkpoint for as long as it runs. The
+lock is flock's: the kernel drops it when the process dies, however it dies, so a crashed
+run never leaves a stale lock behind (on NFS, the server drops it once the client's lease
+runs out). The file also says who holds it, for the refusal's message.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import sys
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from types import TracebackType
+
+POLL_S = 0.5  # how often a waiting run tries the lock again
+
+
+class GenerationBusy(Exception):
+    """Another run holds the generation."""
+
+    def __init__(self, name: str, generation: int, holder: str) -> None:
+        super().__init__(
+            f"generation {generation} is being run by another process ({holder}); one run keeps a generation at a time: "
+            f"stop that one first, or leave {name} to it"
+        )
+        self.name = name
+        self.generation = generation
+        self.holder = holder
+
+
+class GenerationLock:
+    """The lock of `name`'s `generation`, at `path`: `acquire` it, then use it as a context
+    manager, which releases it."""
+
+    def __init__(self, path: Path, name: str, generation: int) -> None:
+        self.path = path
+        self.name = name
+        self.generation = generation
+        self._fd: int | None = None
+
+    def acquire(self, wait_s: float = 0.0, asked_to_stop: threading.Event | None = None) -> bool:
+        """Takes the lock, trying for `wait_s` at most; raises GenerationBusy if another
+        process holds it then. False (and not held) when `asked_to_stop` is set first."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    os.close(fd)
+                    raise GenerationBusy(self.name, self.generation, self._holder()) from None
+            if asked_to_stop is not None and asked_to_stop.wait(POLL_S):
+                os.close(fd)
+                return False
+            if asked_to_stop is None:
+                time.sleep(POLL_S)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(_me()).encode(), 0)
+        self._fd = fd
+        return True
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the only descriptor of the file drops its flock
+            self._fd = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def __enter__(self) -> GenerationLock:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None) -> None:
+        self.release()
+
+    def _holder(self) -> str:
+        """Who holds the lock, as the holder wrote it (it may not have written it yet)."""
+        try:
+            holder = json.loads(self.path.read_text())
+            return f"pid {holder['pid']} on {holder['host']} since {holder['since']}: {holder['command']}"
+        except (OSError, ValueError, KeyError, TypeError):
+            return "its details not written yet"
+
+
+def _me() -> dict[str, object]:
+    program = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path("python")
+    # `python -m esk ...` runs esk/__main__.py: the package is what a reader knows it by
+    command = " ".join([program.parent.name if program.name == "__main__.py" else program.name, *sys.argv[1:]])
+    return {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "since": datetime.now(UTC).isoformat(timespec="seconds"),
+        "command": command[:200],
+    }
