@@ -113,3 +113,55 @@ def test_several_read_models_are_refused_together_holding_none(tmp_path: Path) -
             _lock_generations(tables, ["adds", "totals"], rebuild=False)
         assert str(refused.value).startswith("totals: generation 1 is being run by another process (pid ")
         assert tables.run_lock("adds", 1).acquire()  # the lock taken before the refusal was let go
+
+
+@pytest.mark.parametrize("kept_by_another", [False, True])
+def test_a_continuous_run_follows_readers_once_the_rebuild_lets_go_or_leaves_it_to_a_run_that_keeps_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], kept_by_another: bool
+) -> None:
+    """runner.run's following, its generations' work (`_keep`: Spark's) stood in for: readers
+    moved to generation 2 while it kept generation 1."""
+    pytest.importorskip("pyspark")
+    from rich.console import Console
+
+    import esk
+    from esk.projections import runner
+    from esk.projections.catalog import Projection
+    from esk.settings import Settings
+    from tests.counters import counters
+
+    base = Settings(_env_file=None)
+    settings = base.model_copy(update={"projections": base.projections.model_copy(update={"warehouse_dir": tmp_path})})
+    tables = Tables(tmp_path)
+    tables.switch("totals", 1)
+    projection = Projection(esk.ReadModel("totals", (counters,), "totals"), "counter_id STRING", lambda events, writer: 0)
+    stop = runner.StopRequest()
+    kept: list[tuple[int, bool]] = []
+
+    def keep(settings: Settings, projection: Projection, generation: int, *_: object) -> runner.RunSummary:
+        kept.append((generation, tables.run_lock("totals", generation).path.exists()))
+        if generation == 1:
+            tables.switch("totals", 2)  # a rebuild beside it, done
+        else:
+            stop.asked.set()  # the supervisor's stop, later
+        return runner.RunSummary("totals", generation, caught_up=True)
+
+    monkeypatch.setattr(runner, "_keep", keep)
+    monkeypatch.setattr(runner, "FOLLOW_WAIT_S", 1.0)
+    rebuild = tables.run_lock("totals", 2)
+    if kept_by_another:
+        with _held_elsewhere(rebuild.path):
+            summary = runner.run(settings, projection, continuous=True, console=Console(soft_wrap=True), spark=object(), stop=stop)  # type: ignore[arg-type]
+    else:
+        assert rebuild.acquire()  # the rebuild, which lets go as it ends
+        threading.Timer(0.5, rebuild.release).start()
+        summary = runner.run(settings, projection, continuous=True, console=Console(soft_wrap=True), spark=object(), stop=stop)  # type: ignore[arg-type]
+    output = capsys.readouterr().out
+    assert "totals: readers were moved to generation 2 by another run: keeping that one up now" in output
+    if kept_by_another:
+        assert kept == [(1, True)] and summary.generation == 1
+        assert "totals: generation 2 is kept up by another run (pid " in output and "leaving it to that one" in output
+    else:
+        assert kept == [(1, True), (2, True)] and summary.generation == 2
+    # every lock it took is let go
+    assert tables.run_lock("totals", 1).acquire() and tables.run_lock("totals", 2).acquire()
