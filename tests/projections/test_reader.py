@@ -97,5 +97,7 @@ def test_a_process_that_reads_then_exits_at_once_exits_cleanly(tmp_path: Path) -
         deltalake.write_deltalake(str(tables.path("ranked", 1)), pa.table(columns), mode="append")
     tables.switch("ranked", 1)
     for _ in range(3):
-        done = subprocess.run([sys.executable, "-c", READ_THEN_EXIT, str(tables.warehouse)], capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [sys.executable, "-c", READ_THEN_EXIT, str(tables.warehouse)], cwd=Path(__file__).parents[2], capture_output=True, text=True, timeout=60
+        )
         assert (done.returncode, done.stdout) == (0, "100\n"), done.stderr[-2000:]

@@ -48,9 +48,9 @@ def test_a_second_run_is_refused_naming_the_first_and_a_killed_one_leaves_no_loc
         with pytest.raises(GenerationBusy) as refused:
             GenerationLock(path, "totals", 3).acquire()
         message = str(refused.value)
-        assert f"generation 3 is being run by another process (pid {holder.pid} on " in message
+        assert f"generation 3 is kept by another run (pid {holder.pid} on " in message
         assert "-c " in message and "--continuous" in message  # the holder's command line
-        assert "stop that one first, or leave totals to it" in message
+        assert "leave totals to that run, or stop it first" in message
         holder.send_signal(signal.SIGKILL)  # no chance to release it: the kernel does
         holder.wait()
         lock = GenerationLock(path, "totals", 3)
@@ -84,43 +84,67 @@ def test_a_wait_ends_when_a_stop_is_asked_and_a_wait_too_short_is_refused(tmp_pa
         assert not waiting.held
         with pytest.raises(GenerationBusy):
             GenerationLock(path, "totals", 2).acquire(wait_s=0.6)
-    # descriptors of the refused tries are closed: the file's lock went with `first`
-    assert GenerationLock(path, "totals", 2).acquire()
+    assert GenerationLock(path, "totals", 2).acquire()  # the file's lock went with `first`
 
 
-def test_the_generation_locked_is_the_one_readers_use_a_new_one_to_rebuild_or_the_first(tmp_path: Path) -> None:
+def test_the_generation_held_is_the_one_readers_use_a_new_one_to_rebuild_or_the_first(tmp_path: Path) -> None:
     pytest.importorskip("pyspark")
-    from esk.projections.runner import lock_generation
+    from esk.projections.runner import hold_generation
 
     tables = Tables(tmp_path)
-    with lock_generation(tables, "totals", rebuild=False) as first:
-        assert first.generation == 1
+    first = hold_generation(tables, "totals", False, GenerationLock.acquire)
+    assert first is not None and (first.lock.generation, first.building) == (1, True)
+    first.lock.release()
     tables.switch("totals", 4)
-    with lock_generation(tables, "totals", rebuild=False) as current, lock_generation(tables, "totals", rebuild=True) as rebuilt:
-        assert (current.generation, rebuilt.generation) == (4, 5)
-        assert current.path == tmp_path / "_checkpoints" / "totals" / "g4.lock"
-        with pytest.raises(GenerationBusy):  # a second rebuild at once would build the same generation
-            lock_generation(tables, "totals", rebuild=True)
+    current = hold_generation(tables, "totals", False, GenerationLock.acquire)
+    rebuilt = hold_generation(tables, "totals", True, GenerationLock.acquire)
+    assert current is not None and rebuilt is not None
+    assert (current.lock.generation, current.building, rebuilt.lock.generation, rebuilt.building) == (4, False, 5, True)
+    assert current.lock.path == tmp_path / "_checkpoints" / "totals" / "g4.lock"
+    with pytest.raises(GenerationBusy):  # a second rebuild at once would build the same generation
+        hold_generation(tables, "totals", True, GenerationLock.acquire)
+
+
+def test_readers_moved_while_the_lock_was_taken_make_it_choose_again(tmp_path: Path) -> None:
+    """A run that read CURRENT, then took its lock as a rebuild elsewhere switched readers,
+    must not keep (or, thinking it new, build again and switch back to) the old generation."""
+    pytest.importorskip("pyspark")
+    from esk.projections.runner import hold_generation
+
+    tables = Tables(tmp_path)
+    tables.switch("totals", 1)
+    taken: list[int] = []
+
+    def take_as_a_rebuild_ends(lock: GenerationLock) -> bool:
+        taken.append(lock.generation)
+        if len(taken) == 1:
+            tables.switch("totals", 2)
+        return lock.acquire()
+
+    held = hold_generation(tables, "totals", False, take_as_a_rebuild_ends)
+    assert held is not None and (held.lock.generation, held.building) == (2, False) and taken == [1, 2]
+    assert tables.run_lock("totals", 1).acquire()  # the one it chose first was let go
 
 
 def test_several_read_models_are_refused_together_holding_none(tmp_path: Path) -> None:
     pytest.importorskip("pyspark")
-    from esk.projections.runner import RunFailed, _lock_generations
+    from esk.projections.runner import RunFailed, _hold_generations
 
     tables = Tables(tmp_path)
     with _held_elsewhere(tables.run_lock("totals", 1).path):
         with pytest.raises(RunFailed) as refused:
-            _lock_generations(tables, ["adds", "totals"], rebuild=False)
-        assert str(refused.value).startswith("totals: generation 1 is being run by another process (pid ")
+            _hold_generations(tables, ["adds", "totals"], rebuild=False)
+        assert str(refused.value).startswith("totals: generation 1 is kept by another run (pid ")
         assert tables.run_lock("adds", 1).acquire()  # the lock taken before the refusal was let go
 
 
-@pytest.mark.parametrize("kept_by_another", [False, True])
-def test_a_continuous_run_follows_readers_once_the_rebuild_lets_go_or_leaves_it_to_a_run_that_keeps_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], kept_by_another: bool
+@pytest.mark.parametrize("other", ["a rebuild that ends", "a run that keeps it", "none: a stop"])
+def test_a_continuous_run_follows_readers_to_a_new_generation_waiting_for_the_run_that_keeps_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], other: str
 ) -> None:
-    """runner.run's following, its generations' work (`_keep`: Spark's) stood in for: readers
-    moved to generation 2 while it kept generation 1."""
+    """runner.run's following, its generations' work (`_keep`: Spark's) stood in for:
+    readers moved to generation 2 while it kept generation 1, and generation 2 is held
+    by the rebuild that built it, or by another continuous run."""
     pytest.importorskip("pyspark")
     from rich.console import Console
 
@@ -137,31 +161,37 @@ def test_a_continuous_run_follows_readers_once_the_rebuild_lets_go_or_leaves_it_
     projection = Projection(esk.ReadModel("totals", (counters,), "totals"), "counter_id STRING", lambda events, writer: 0)
     stop = runner.StopRequest()
     kept: list[tuple[int, bool]] = []
+    elsewhere = tables.run_lock("totals", 2)
 
-    def keep(settings: Settings, projection: Projection, generation: int, *_: object) -> runner.RunSummary:
-        kept.append((generation, tables.run_lock("totals", generation).path.exists()))
-        if generation == 1:
-            tables.switch("totals", 2)  # a rebuild beside it, done
+    def keep(settings: Settings, projection: Projection, held: runner.Held, *_: object) -> runner.RunSummary:
+        with pytest.raises(GenerationBusy):  # it holds the generation as it keeps it
+            tables.run_lock("totals", held.lock.generation).acquire()
+        kept.append((held.lock.generation, held.building))
+        if held.lock.generation == 1:
+            tables.switch("totals", 2)  # the rebuild's switch
         else:
             stop.asked.set()  # the supervisor's stop, later
-        return runner.RunSummary("totals", generation, caught_up=True)
+        return runner.RunSummary("totals", held.lock.generation, caught_up=True)
 
     monkeypatch.setattr(runner, "_keep", keep)
-    monkeypatch.setattr(runner, "FOLLOW_WAIT_S", 1.0)
-    rebuild = tables.run_lock("totals", 2)
-    if kept_by_another:
-        with _held_elsewhere(rebuild.path):
-            summary = runner.run(settings, projection, continuous=True, console=Console(soft_wrap=True), spark=object(), stop=stop)  # type: ignore[arg-type]
+    console = Console(soft_wrap=True)
+    if other == "a rebuild that ends":
+        assert elsewhere.acquire()
+        threading.Timer(1.0, elsewhere.release).start()
+        summary = runner.run(settings, projection, continuous=True, console=console, spark=object(), stop=stop)  # type: ignore[arg-type]
     else:
-        assert rebuild.acquire()  # the rebuild, which lets go as it ends
-        threading.Timer(0.5, rebuild.release).start()
-        summary = runner.run(settings, projection, continuous=True, console=Console(soft_wrap=True), spark=object(), stop=stop)  # type: ignore[arg-type]
+        with _held_elsewhere(elsewhere.path) as holder:
+            # the other run ends (or a stop is asked) while this one waits for it
+            ends = holder.kill if other == "a run that keeps it" else stop.asked.set
+            threading.Timer(2.0, ends).start()
+            summary = runner.run(settings, projection, continuous=True, console=console, spark=object(), stop=stop)  # type: ignore[arg-type]
     output = capsys.readouterr().out
     assert "totals: readers were moved to generation 2 by another run: keeping that one up now" in output
-    if kept_by_another:
-        assert kept == [(1, True)] and summary.generation == 1
-        assert "totals: generation 2 is kept up by another run (pid " in output and "leaving it to that one" in output
+    if other == "none: a stop":
+        assert kept == [(1, False)] and summary.generation == 2 and not summary.caught_up
     else:
-        assert kept == [(1, True), (2, True)] and summary.generation == 2
+        assert kept == [(1, False), (2, False)] and summary.generation == 2
+    if other != "a rebuild that ends":
+        assert "totals: waiting for generation 2, which another run keeps (pid " in output
     # every lock it took is let go
     assert tables.run_lock("totals", 1).acquire() and tables.run_lock("totals", 2).acquire()

@@ -192,7 +192,7 @@ def test_esk_dev_keeps_the_read_models_up_in_one_driver(settings: Settings, tmp_
             env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60,
         )
         assert beside.returncode == 1, beside.stdout + beside.stderr
-        assert "error: counter_totals: generation 1 is being run by another process (pid " in beside.stderr
+        assert "error: counter_totals: generation 1 is kept by another run (pid " in beside.stderr
         assert "esk project run --all --continuous" in beside.stderr
         assert "Spark" not in beside.stdout + beside.stderr  # no driver started
         os.killpg(dev.pid, signal.SIGINT)  # Ctrl-C in its terminal: every process of the group gets it

@@ -30,8 +30,8 @@ class GenerationBusy(Exception):
 
     def __init__(self, name: str, generation: int, holder: str) -> None:
         super().__init__(
-            f"generation {generation} is being run by another process ({holder}); one run keeps a generation at a time: "
-            f"stop that one first, or leave {name} to it"
+            f"generation {generation} is kept by another run ({holder}), and one run keeps a generation at a time: "
+            f"leave {name} to that run, or stop it first"
         )
         self.name = name
         self.generation = generation
@@ -50,27 +50,40 @@ class GenerationLock:
 
     def acquire(self, wait_s: float = 0.0, asked_to_stop: threading.Event | None = None) -> bool:
         """Takes the lock, trying for `wait_s` at most; raises GenerationBusy if another
-        process holds it then. False (and not held) when `asked_to_stop` is set first."""
+        run holds it then. False (and not held) when `asked_to_stop` is set first."""
+        if self._fd is not None:
+            return True
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            if not self._locked(fd, wait_s, asked_to_stop):
+                os.close(fd)
+                return False
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(_me()).encode(), 0)
+        except BaseException:
+            os.close(fd)  # and the lock with it, if it was taken
+            raise
+        self._fd = fd
+        return True
+
+    def _locked(self, fd: int, wait_s: float, asked_to_stop: threading.Event | None) -> bool:
         deadline = time.monotonic() + wait_s
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
+                return True
             except BlockingIOError:
                 if time.monotonic() >= deadline:
-                    os.close(fd)
                     raise GenerationBusy(self.name, self.generation, self._holder()) from None
+            except OSError as error:  # ENOLCK: an NFS mount without its lock service
+                raise OSError(
+                    error.errno, f"cannot lock {self.path} ({error.strerror}): the warehouse must be on a file system with file locks"
+                ) from error
             if asked_to_stop is not None and asked_to_stop.wait(POLL_S):
-                os.close(fd)
                 return False
             if asked_to_stop is None:
                 time.sleep(POLL_S)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(_me()).encode(), 0)
-        self._fd = fd
-        return True
 
     def release(self) -> None:
         if self._fd is not None:

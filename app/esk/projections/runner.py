@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, NamedTuple
 
 from delta.tables import DeltaTable
 from py4j.protocol import Py4JJavaError
@@ -57,9 +57,8 @@ POLL_S = 1  # seconds: how soon a run notices it is asked to stop
 # it kills (Kubernetes: 30 s). A batch still running then is interrupted, and runs again
 # at the next start (its writes are idempotent).
 STOP_WAIT_S = 20.0
-# How long a continuous run that follows readers to a generation another run built waits
-# for that run to let go of it: a rebuild lets go as it ends, just after the switch.
-FOLLOW_WAIT_S = 30.0
+# A continuous run waiting for a generation another run keeps says who keeps it this often.
+LOCK_REPORT_EVERY_S = 300.0
 # Every batch adds files, whichever writer wrote it: the runner compacts them (delta-rs, in
 # the batch, so never beside a write) every so many batches. Spark's auto compaction would
 # follow Spark's writes only, and rewrote a catch-up's first write at once.
@@ -77,6 +76,14 @@ class RunSummary:
     caught_up: bool = False  # False: stopped before it had read up to the newest events
 
 
+class Held(NamedTuple):
+    """The generation a run keeps, locked (run_lock.py), and whether the run builds it:
+    readers do not use it yet (a first run, or a rebuild)."""
+
+    lock: GenerationLock
+    building: bool
+
+
 def run(
     settings: Settings,
     projection: Projection,
@@ -86,53 +93,73 @@ def run(
     spark: SparkSession | None = None,
     stop: StopRequest | None = None,
     catch_up_turn: threading.Lock | None = None,
-    lock: GenerationLock | None = None,
+    held: Held | None = None,
 ) -> RunSummary:
     """Catches the read model up, then (`continuous`) keeps it up until the query stops or
     `stop` asks; a stop lets the batch in flight end (STOP_WAIT_S at most). Readers move to
     a new generation only once it has caught up (`RunSummary.caught_up`); a continuous
     run follows readers to a generation another run switched them to. The catch-up holds
-    `catch_up_turn`, when given, as it runs. The run holds its generation's `lock`, taken
-    here (before Spark starts) unless the caller took it: another run of the generation
-    is refused with GenerationBusy."""
+    `catch_up_turn`, when given, as it runs. The run holds its generation's lock, taken
+    here before Spark starts unless the caller took it (`held`): while another run holds
+    it, a one-shot run or a rebuild is refused (GenerationBusy), and a continuous run
+    waits, a standby that says who holds it."""
     console = console or Console(stderr=True, soft_wrap=True)
     stop = stop or StopRequest()
     name = projection.model.name
     tables = Tables(settings.projections.warehouse_dir)
-    lock = lock or lock_generation(tables, name, rebuild)
-    with lock:
+    if held is None:
+        held = hold_generation(tables, name, rebuild, _waiting(stop, console) if continuous and not rebuild else GenerationLock.acquire)
+    if held is None:  # asked to stop while it waited
+        return RunSummary(name, tables.current_generation(name) or 0)
+    with held.lock:
         spark = spark or _driver_session(settings, f"esk-project-{name}")
-        summary = _keep(settings, projection, lock.generation, continuous, console, spark, stop, catch_up_turn)
+        summary = _keep(settings, projection, held, continuous, console, spark, stop, catch_up_turn)
     moved_to = tables.current_generation(name)
-    if not continuous or stop.asked.is_set() or moved_to is None or moved_to == lock.generation:
+    if not continuous or stop.asked.is_set() or moved_to is None or moved_to <= held.lock.generation:
         return summary
     # `esk project run NAME --rebuild` elsewhere (a one-off beside `esk dev`, or a cluster's
     # pod) moved readers to the generation it built, and then ends: this run keeps that one
     # up from now on, once that run has let go of it, or readers would see it stand still.
     console.print(f"{name}: readers were moved to generation {moved_to} by another run: keeping that one up now", highlight=False)
-    following = tables.run_lock(name, moved_to)
-    try:
-        if not following.acquire(FOLLOW_WAIT_S, stop.asked):
-            return summary
-    except GenerationBusy as busy:  # that run keeps it up itself (`--rebuild --continuous`)
-        console.print(f"{name}: generation {moved_to} is kept up by another run ({busy.holder}): leaving it to that one", highlight=False)
-        return summary
-    return run(settings, projection, continuous, False, console, spark, stop, catch_up_turn, following)
+    return run(settings, projection, continuous, False, console, spark, stop, catch_up_turn)
 
 
-def lock_generation(tables: Tables, name: str, rebuild: bool) -> GenerationLock:
-    """The generation a run keeps, locked: the one readers use, or a new one (`rebuild`, or
-    the first). Raises GenerationBusy while another run holds it."""
-    current = tables.current_generation(name)
-    lock = tables.run_lock(name, (current or 0) + 1 if rebuild or current is None else current)
-    lock.acquire()
-    return lock
+def hold_generation(tables: Tables, name: str, rebuild: bool, take: Callable[[GenerationLock], bool]) -> Held | None:
+    """The generation a run keeps, locked by `take` (GenerationLock.acquire refuses while
+    another run holds it; `_waiting` waits): the one readers use, or a new one (`rebuild`,
+    or the first). Readers may move while it is taken (a rebuild elsewhere switching them),
+    and then it chooses again, from where they are. None: `take` gave up (a stop asked)."""
+    while True:
+        current = tables.current_generation(name)
+        lock = tables.run_lock(name, (current or 0) + 1 if rebuild or current is None else current)
+        if not take(lock):
+            return None
+        if tables.current_generation(name) == current:
+            return Held(lock, building=lock.generation != current)
+        lock.release()
+
+
+def _waiting(stop: StopRequest, console: Console) -> Callable[[GenerationLock], bool]:
+    """How a continuous run takes its generation: waiting while another run keeps it (a
+    rebuild about to end, a one-shot run, another driver), saying who now and then; False
+    if a stop is asked first."""
+
+    def take(lock: GenerationLock) -> bool:
+        wait_s = 0.0
+        while True:
+            try:
+                return lock.acquire(wait_s, stop.asked)
+            except GenerationBusy as busy:
+                console.print(f"{lock.name}: waiting for generation {lock.generation}, which another run keeps ({busy.holder})", highlight=False)
+                wait_s = LOCK_REPORT_EVERY_S
+
+    return take
 
 
 def _keep(
     settings: Settings,
     projection: Projection,
-    generation: int,
+    held: Held,
     continuous: bool,
     console: Console,
     spark: SparkSession,
@@ -140,16 +167,20 @@ def _keep(
     catch_up_turn: threading.Lock | None,
 ) -> RunSummary:
     """`run`'s work on the generation it holds: it ends when the query does, when `stop`
-    asks, or when readers move to another generation."""
+    asks, or when readers move on to a newer generation."""
     name = projection.model.name
     tables = Tables(settings.projections.warehouse_dir)
-    current = tables.current_generation(name)
+    generation = held.lock.generation
+    summary = RunSummary(name, generation)
+    if (tables.current_generation(name) or 0) > generation:  # moved on while Spark started: `run` follows
+        console.print(f"{name}: readers were moved to generation {tables.current_generation(name)} by another run", highlight=False)
+        summary.caught_up = True
+        return summary
     for key, value in DELTA_CONF.items():
         spark.conf.set(key, value)
     path = tables.path(name, generation)
     schema = spark.createDataFrame([], projection.columns).schema
-    _create_table(spark, path, tables.checkpoint(name, generation), schema, projection.model.partition_by, generation == current)
-    summary = RunSummary(name, generation)
+    _create_table(spark, path, tables.checkpoint(name, generation), schema, projection.model.partition_by, not held.building)
     app_id = f"esk.{settings.app}.{name}.g{generation}"
     categories = projection.model.categories
     older = older_version(settings, categories)
@@ -210,8 +241,12 @@ def _keep(
         if not turn_taken:  # asked to stop during Spark's start, or while it waited its turn
             return summary
         query = writer().trigger(availableNow=True).start()
-        while _await(query, stop):
-            pass
+        try:
+            while _await(query, stop):
+                pass
+        except BaseException:  # a caller's Ctrl-C, or the query's failure: no query outlives the run's lock
+            query.stop()
+            raise
         stopped = query.isActive
         if stopped:
             _stop_between_batches(query, stop, console, name)
@@ -220,7 +255,7 @@ def _keep(
     summary.caught_up = not stopped or (query.lastProgress is not None and not any(summary.lag.values()))
     if not summary.caught_up:
         return summary  # readers stay on the generation they use
-    if current != generation:
+    if held.building:
         tables.switch(name, generation)  # caught up: readers move over now, never earlier
         console.print(f"{name}: readers now use generation {generation} ({path})", highlight=False)
     if continuous and not stop.asked.is_set():
@@ -229,8 +264,8 @@ def _keep(
         reported = vacuumed = time.monotonic()
         try:
             while _await(query, stop):
-                if tables.current_generation(name) not in (None, generation):
-                    break  # readers moved to another generation: `run` follows them
+                if (tables.current_generation(name) or 0) > generation:
+                    break  # readers moved on to a newer generation: `run` follows them
                 if time.monotonic() - reported > report_every_s:
                     lag = _lag(query.lastProgress)
                     if lag != summary.lag:  # a read model that keeps up says so once, not every few seconds
@@ -289,35 +324,36 @@ def run_several(
     stop = stop or StopRequest()
     catch_up_turn = threading.Lock()
     names = [projection.model.name for projection in projections]
-    locks = _lock_generations(Tables(settings.projections.warehouse_dir), names, rebuild)
-    try:
-        spark = _driver_session(settings, f"esk-project-{'-'.join(names)}" if len(names) <= 3 else "esk-project")
-    except BaseException:
-        for lock in locks.values():
-            lock.release()
-        raise
+    # A continuous run waits for each generation in its read model's thread; any other is
+    # refused at once, before the driver starts, holding none.
+    held = {} if continuous and not rebuild else _hold_generations(Tables(settings.projections.warehouse_dir), names, rebuild)
     summaries: dict[str, RunSummary] = {}
     failures: list[RunFailed] = []
-
-    def one(projection: Projection) -> None:
-        name = projection.model.name
-        try:
-            summaries[name] = run(settings, projection, continuous, rebuild, console, spark.newSession(), stop, catch_up_turn, locks[name])
-        except BaseException as error:  # the thread's end: whatever it was, the run failed
-            failures.append(RunFailed(name, error))
-            stop.asked.set()
-
-    threads = [threading.Thread(target=one, args=(p,), name=f"esk-project-{p.model.name}") for p in projections]
-    for thread in threads:
-        thread.start()
     interrupted = False
-    while any(thread.is_alive() for thread in threads):
-        try:
-            for thread in threads:
-                thread.join(POLL_S)  # in steps: the main thread handles signals between them
-        except KeyboardInterrupt:  # a caller's Ctrl-C (the CLI's signals only ask): as a signal asks
-            (stop.now if stop.asked.is_set() else stop.asked).set()
-            interrupted = True
+    try:
+        spark = _driver_session(settings, f"esk-project-{'-'.join(names)}" if len(names) <= 3 else "esk-project")
+
+        def one(projection: Projection) -> None:
+            name = projection.model.name
+            try:
+                summaries[name] = run(settings, projection, continuous, rebuild, console, spark.newSession(), stop, catch_up_turn, held.get(name))
+            except BaseException as error:  # the thread's end: whatever it was, the run failed
+                failures.append(RunFailed(name, error))
+                stop.asked.set()
+
+        threads = [threading.Thread(target=one, args=(p,), name=f"esk-project-{p.model.name}") for p in projections]
+        for thread in threads:
+            thread.start()
+        while any(thread.is_alive() for thread in threads):
+            try:
+                for thread in threads:
+                    thread.join(POLL_S)  # in steps: the main thread handles signals between them
+            except KeyboardInterrupt:  # a caller's Ctrl-C (the CLI's signals only ask): as a signal asks
+                (stop.now if stop.asked.is_set() else stop.asked).set()
+                interrupted = True
+    finally:
+        for taken in held.values():
+            taken.lock.release()
     if interrupted:
         raise KeyboardInterrupt
     if failures:
@@ -326,18 +362,22 @@ def run_several(
     return [summaries[name] for name in names]
 
 
-def _lock_generations(tables: Tables, names: Sequence[str], rebuild: bool) -> dict[str, GenerationLock]:
-    """Each read model's generation, locked before the driver starts: a run refused because
-    another holds one of them is refused in a second, and holds none."""
-    locks: dict[str, GenerationLock] = {}
+def _hold_generations(tables: Tables, names: Sequence[str], rebuild: bool) -> dict[str, Held]:
+    """Each read model's generation, for a run that is refused rather than wait: refused in
+    a second, and then holding none."""
+    held: dict[str, Held] = {}
     try:
         for name in names:
-            locks[name] = lock_generation(tables, name, rebuild)
-    except GenerationBusy as busy:
-        for lock in locks.values():
-            lock.release()
-        raise RunFailed(busy.name, busy) from None
-    return locks
+            taken = hold_generation(tables, name, rebuild, GenerationLock.acquire)
+            if taken is not None:  # (acquire refuses; it does not give up)
+                held[name] = taken
+    except BaseException as error:
+        for taken in held.values():
+            taken.lock.release()
+        if isinstance(error, GenerationBusy):
+            raise RunFailed(error.name, error) from None
+        raise
+    return held
 
 
 def run_and_report(
