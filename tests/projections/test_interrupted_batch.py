@@ -88,7 +88,7 @@ def asked() -> StopRequest:
 )
 def test_a_batch_interrupted_by_the_stop_raises_what_spark_reads_as_a_stop(java_exception: JavaException, as_pyspark: bool) -> None:
     try:
-        _interruptible(failing(java_exception, as_pyspark), asked())(None, 3)  # type: ignore[arg-type]
+        _interruptible(failing(java_exception, as_pyspark), asked().asked.is_set)(None, 3)  # type: ignore[arg-type]
     except BatchInterrupted:
         sent_to_the_jvm = traceback.format_exc()  # what py4j answers the JVM with
     else:
@@ -106,7 +106,7 @@ def test_a_batch_interrupted_by_the_stop_raises_what_spark_reads_as_a_stop(java_
 )
 def test_any_other_error_goes_up_as_it_was(java_exception: JavaException, stop: StopRequest) -> None:
     with pytest.raises(Py4JJavaError) as raised:
-        _interruptible(failing(java_exception), stop)(None, 3)  # type: ignore[arg-type]
+        _interruptible(failing(java_exception), stop.asked.is_set)(None, 3)  # type: ignore[arg-type]
     assert raised.value.java_exception is java_exception
 
 
@@ -114,7 +114,7 @@ def test_py4j_does_not_log_a_batch_interrupted_by_the_stop() -> None:
     def record(error: Exception) -> logging.LogRecord:
         return logging.LogRecord("py4j.clientserver", logging.ERROR, __file__, 1, "There was an exception", None, (type(error), error, None))
 
-    _interruptible(lambda _records, _batch_id: None, StopRequest())
+    _interruptible(lambda _records, _batch_id: None, StopRequest().asked.is_set)
     assert _PY4J_FILTER in logging.getLogger("py4j.clientserver").filters
     assert not _PY4J_FILTER.filter(record(BatchInterrupted("stopped")))
     assert _PY4J_FILTER.filter(record(ValueError("a read model's bug")))

@@ -72,8 +72,9 @@ def test_a_filter_on_no_such_column_or_of_the_wrong_type_is_refused(written: tup
 
 
 # A read that answers from the first rows, then the process's end at once (an API pod
-# stopped right after a read): with pyarrow's threaded head(), the scan read on in the
-# background and the process crashed or hung in pyarrow's teardown.
+# stopped right after a read): pyarrow's head() reads on in the background, and through
+# delta-rs's filesystem (Python, called from Arrow's I/O threads) the process crashed or
+# hung in the interpreter's teardown.
 READ_THEN_EXIT = """
 import sys
 from pathlib import Path

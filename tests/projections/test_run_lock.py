@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from esk.projections.catalog import Tables
+from esk.projections.catalog import Projection, Tables
 from esk.projections.run_lock import GenerationBusy, GenerationLock
+from esk.settings import Settings
 
 # A process that takes the lock, says so, and holds it until it is killed
 HOLDER = """
@@ -87,22 +88,45 @@ def test_a_wait_ends_when_a_stop_is_asked_and_a_wait_too_short_is_refused(tmp_pa
     assert GenerationLock(path, "totals", 2).acquire()  # the file's lock went with `first`
 
 
+def _descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_refused_stopped_and_failed_tries_leave_no_descriptor_open(tmp_path: Path) -> None:
+    path = tmp_path / "g2.lock"
+    before = _descriptors()
+    with GenerationLock(path, "totals", 2) as first:
+        first.acquire()
+        for _ in range(3):
+            with pytest.raises(GenerationBusy):
+                GenerationLock(path, "totals", 2).acquire()
+            stopped = threading.Event()
+            stopped.set()
+            assert not GenerationLock(path, "totals", 2).acquire(wait_s=5, asked_to_stop=stopped)
+    unlockable = tmp_path / "a-folder.lock"
+    unlockable.mkdir()
+    with pytest.raises(OSError):  # opened for writing: it is a folder
+        GenerationLock(unlockable, "totals", 2).acquire()
+    assert _descriptors() == before
+
+
 def test_the_generation_held_is_the_one_readers_use_a_new_one_to_rebuild_or_the_first(tmp_path: Path) -> None:
     pytest.importorskip("pyspark")
     from esk.projections.runner import hold_generation
 
     tables = Tables(tmp_path)
-    first = hold_generation(tables, "totals", False, GenerationLock.acquire)
+    first = hold_generation(tables, "totals", False)
     assert first is not None and (first.lock.generation, first.building) == (1, True)
     first.lock.release()
     tables.switch("totals", 4)
-    current = hold_generation(tables, "totals", False, GenerationLock.acquire)
-    rebuilt = hold_generation(tables, "totals", True, GenerationLock.acquire)
+    current = hold_generation(tables, "totals", False)
+    rebuilt = hold_generation(tables, "totals", True)
     assert current is not None and rebuilt is not None
-    assert (current.lock.generation, current.building, rebuilt.lock.generation, rebuilt.building) == (4, False, 5, True)
-    assert current.lock.path == tmp_path / "_checkpoints" / "totals" / "g4.lock"
-    with pytest.raises(GenerationBusy):  # a second rebuild at once would build the same generation
-        hold_generation(tables, "totals", True, GenerationLock.acquire)
+    with current.lock, rebuilt.lock:
+        assert (current.lock.generation, current.building, rebuilt.lock.generation, rebuilt.building) == (4, False, 5, True)
+        assert current.lock.path == tmp_path / "_checkpoints" / "totals" / "g4.lock"
+        with pytest.raises(GenerationBusy):  # a second rebuild at once would build the same generation
+            hold_generation(tables, "totals", True)
 
 
 def test_readers_moved_while_the_lock_was_taken_make_it_choose_again(tmp_path: Path) -> None:
@@ -113,29 +137,79 @@ def test_readers_moved_while_the_lock_was_taken_make_it_choose_again(tmp_path: P
 
     tables = Tables(tmp_path)
     tables.switch("totals", 1)
+    real_acquire = GenerationLock.acquire
     taken: list[int] = []
 
-    def take_as_a_rebuild_ends(lock: GenerationLock) -> bool:
+    def acquire_as_a_rebuild_ends(lock: GenerationLock, *args: object) -> bool:
         taken.append(lock.generation)
         if len(taken) == 1:
             tables.switch("totals", 2)
-        return lock.acquire()
+        return real_acquire(lock)
 
-    held = hold_generation(tables, "totals", False, take_as_a_rebuild_ends)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(GenerationLock, "acquire", acquire_as_a_rebuild_ends)
+        held = hold_generation(tables, "totals", False)
     assert held is not None and (held.lock.generation, held.building) == (2, False) and taken == [1, 2]
-    assert tables.run_lock("totals", 1).acquire()  # the one it chose first was let go
+    with held.lock, tables.run_lock("totals", 1) as first:
+        assert first.acquire()  # the one it chose first was let go
 
 
-def test_several_read_models_are_refused_together_holding_none(tmp_path: Path) -> None:
+def test_a_standby_waits_for_the_generation_readers_use_not_the_one_they_left(tmp_path: Path) -> None:
+    """A continuous run waiting for generation 1 (another run keeps it), when a rebuild
+    moves readers to generation 2: it takes 2 at once, not once 1 is let go."""
     pytest.importorskip("pyspark")
-    from esk.projections.runner import RunFailed, _hold_generations
+    from rich.console import Console
+
+    from esk.projections.runner import StopRequest, _Waiting, hold_generation
+
+    tables = Tables(tmp_path)
+    tables.switch("totals", 1)
+    with _held_elsewhere(tables.run_lock("totals", 1).path):
+        threading.Timer(1.0, tables.switch, ("totals", 2)).start()
+        started = time.monotonic()
+        held = hold_generation(tables, "totals", False, _Waiting(StopRequest(), Console(soft_wrap=True)))
+        assert held is not None and held.lock.generation == 2 and time.monotonic() - started < 10
+        held.lock.release()
+
+
+def test_several_read_models_are_refused_together_holding_none(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("pyspark")
+    from esk.projections import runner
 
     tables = Tables(tmp_path)
     with _held_elsewhere(tables.run_lock("totals", 1).path):
-        with pytest.raises(RunFailed) as refused:
-            _hold_generations(tables, ["adds", "totals"], rebuild=False)
+        with pytest.raises(runner.RunFailed) as refused:
+            runner._hold_generations(tables, ["adds", "totals"], rebuild=False)
         assert str(refused.value).startswith("totals: generation 1 is kept by another run (pid ")
-        assert tables.run_lock("adds", 1).acquire()  # the lock taken before the refusal was let go
+        with tables.run_lock("adds", 1) as adds:
+            assert adds.acquire()  # the lock taken before the refusal was let go
+    # any other error lets go of them too, and so does a driver that fails to start
+    monkeypatch.setattr(Tables, "current_generation", lambda self, name: 1 if name == "adds" else _raise(PermissionError(13, "denied")))
+    with pytest.raises(PermissionError):
+        runner._hold_generations(tables, ["adds", "totals"], rebuild=False)
+    monkeypatch.undo()
+    monkeypatch.setattr(runner, "_driver_session", lambda settings, app: _raise(RuntimeError("no Java")))
+    with pytest.raises(RuntimeError, match="no Java"):
+        runner.run_several(_settings(tmp_path), [_projection("adds"), _projection("totals")])
+    for name in ("adds", "totals"):
+        with tables.run_lock(name, 1) as lock:
+            assert lock.acquire()
+
+
+def _raise(error: BaseException) -> int:
+    raise error
+
+
+def _settings(warehouse: Path) -> Settings:
+    base = Settings(_env_file=None)
+    return base.model_copy(update={"projections": base.projections.model_copy(update={"warehouse_dir": warehouse})})
+
+
+def _projection(name: str) -> Projection:
+    import esk
+    from tests.counters import counters
+
+    return Projection(esk.ReadModel(name, (counters,), name), "counter_id STRING", lambda events, writer: 0)
 
 
 @pytest.mark.parametrize("other", ["a rebuild that ends", "a run that keeps it", "none: a stop"])
@@ -148,17 +222,10 @@ def test_a_continuous_run_follows_readers_to_a_new_generation_waiting_for_the_ru
     pytest.importorskip("pyspark")
     from rich.console import Console
 
-    import esk
     from esk.projections import runner
-    from esk.projections.catalog import Projection
-    from esk.settings import Settings
-    from tests.counters import counters
 
-    base = Settings(_env_file=None)
-    settings = base.model_copy(update={"projections": base.projections.model_copy(update={"warehouse_dir": tmp_path})})
     tables = Tables(tmp_path)
     tables.switch("totals", 1)
-    projection = Projection(esk.ReadModel("totals", (counters,), "totals"), "counter_id STRING", lambda events, writer: 0)
     stop = runner.StopRequest()
     kept: list[tuple[int, bool]] = []
     elsewhere = tables.run_lock("totals", 2)
@@ -168,30 +235,30 @@ def test_a_continuous_run_follows_readers_to_a_new_generation_waiting_for_the_ru
             tables.run_lock("totals", held.lock.generation).acquire()
         kept.append((held.lock.generation, held.building))
         if held.lock.generation == 1:
-            tables.switch("totals", 2)  # the rebuild's switch
+            tables.switch("totals", 2)  # the rebuild's switch; then that run ends, or this one is stopped, a while later
+            threading.Timer(1.5, {"a rebuild that ends": elsewhere.release, "a run that keeps it": ends, "none: a stop": stop.asked.set}[other]).start()
         else:
             stop.asked.set()  # the supervisor's stop, later
-        return runner.RunSummary("totals", held.lock.generation, caught_up=True)
+        return runner.RunSummary("totals", held.lock.generation, batches=1, caught_up=True)
 
     monkeypatch.setattr(runner, "_keep", keep)
     console = Console(soft_wrap=True)
     if other == "a rebuild that ends":
         assert elsewhere.acquire()
-        threading.Timer(1.0, elsewhere.release).start()
-        summary = runner.run(settings, projection, continuous=True, console=console, spark=object(), stop=stop)  # type: ignore[arg-type]
+        ends = elsewhere.release
+        summary = runner.run(_settings(tmp_path), _projection("totals"), continuous=True, console=console, spark=object(), stop=stop)  # type: ignore[arg-type]
     else:
         with _held_elsewhere(elsewhere.path) as holder:
-            # the other run ends (or a stop is asked) while this one waits for it
-            ends = holder.kill if other == "a run that keeps it" else stop.asked.set
-            threading.Timer(2.0, ends).start()
-            summary = runner.run(settings, projection, continuous=True, console=console, spark=object(), stop=stop)  # type: ignore[arg-type]
+            ends = holder.kill
+            summary = runner.run(_settings(tmp_path), _projection("totals"), continuous=True, console=console, spark=object(), stop=stop)  # type: ignore[arg-type]
     output = capsys.readouterr().out
     assert "totals: readers were moved to generation 2 by another run: keeping that one up now" in output
     if other == "none: a stop":
-        assert kept == [(1, False)] and summary.generation == 2 and not summary.caught_up
+        assert kept == [(1, False)] and summary.standby and summary.batches == 1
     else:
-        assert kept == [(1, False), (2, False)] and summary.generation == 2
+        assert kept == [(1, False), (2, False)] and summary.generation == 2 and summary.batches == 2
     if other != "a rebuild that ends":
         assert "totals: waiting for generation 2, which another run keeps (pid " in output
     # every lock it took is let go
-    assert tables.run_lock("totals", 1).acquire() and tables.run_lock("totals", 2).acquire()
+    with tables.run_lock("totals", 1) as first, tables.run_lock("totals", 2) as second:
+        assert first.acquire() and second.acquire()

@@ -26,6 +26,7 @@ from ..settings import Settings
 from .run_lock import GenerationLock
 
 if TYPE_CHECKING:
+    from pyarrow.dataset import Dataset
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
@@ -221,7 +222,6 @@ def _driver_lookup(path: str, wanted: Any, schema: StructType) -> Any:
     import operator
 
     import pyarrow.compute as pc
-    from deltalake import DeltaTable
     from pyspark.sql.pandas.types import to_arrow_schema
 
     target = to_arrow_schema(schema)
@@ -232,8 +232,19 @@ def _driver_lookup(path: str, wanted: Any, schema: StructType) -> Any:
     predicate = functools.reduce(
         operator.and_, [pc.field(c).cast(target.field(c).type).isin(wanted[c]) for c in wanted.column_names]
     )
-    rows = DeltaTable(path).to_pyarrow_dataset().to_table(filter=predicate)
+    rows = arrow_dataset(path).to_table(filter=predicate)
     return rows.select(target.names).cast(target)
+
+
+def arrow_dataset(path: str | Path) -> Dataset:
+    """The Delta table's current files as a pyarrow dataset, read through pyarrow's own
+    filesystem. delta-rs's default is one written in Python, which Arrow's I/O threads
+    call back into: a process that exited while a read's I/O was in flight crashed or hung
+    in the interpreter's teardown (docs/benchmarks.md)."""
+    import pyarrow.fs as pa_fs
+    from deltalake import DeltaTable
+
+    return DeltaTable(str(path)).to_pyarrow_dataset(filesystem=pa_fs.SubTreeFileSystem(str(path), pa_fs.LocalFileSystem()))
 
 
 def _empty(path: str) -> bool:

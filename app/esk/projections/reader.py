@@ -6,7 +6,7 @@ from datetime import date, datetime
 from typing import Any
 
 from ..settings import Settings
-from .catalog import ReadModel, Tables, configured_read_models
+from .catalog import ReadModel, Tables, arrow_dataset, configured_read_models
 from .positions import Positions, read_model_positions
 
 
@@ -61,13 +61,12 @@ def read_rows(tables: Tables, model: ReadModel, filters: dict[str, str], limit: 
     type), in the read model's order, at most `limit`."""
     import pyarrow as pa
     import pyarrow.compute as pc
-    from deltalake import DeltaTable
 
     name = model.name
     path = tables.current_path(name)
     if path is None:
         raise ReadModelNotBuilt(name)
-    dataset = DeltaTable(str(path)).to_pyarrow_dataset()
+    dataset = arrow_dataset(path)
     condition = None
     for column, raw in filters.items():
         if column not in dataset.schema.names:
@@ -79,10 +78,7 @@ def read_rows(tables: Tables, model: ReadModel, filters: dict[str, str], limit: 
         condition = term if condition is None else condition & term
     sort_keys = [(c.lstrip("-"), "descending" if c.startswith("-") else "ascending") for c in model.order_by]
     if not sort_keys:
-        # Serially: a threaded head() answers, then reads ahead in the background for no
-        # one, and a process that exits meanwhile (a pod stopped right after a read)
-        # crashes or hangs in pyarrow's teardown (docs/benchmarks.md).
-        table = dataset.head(limit, filter=condition, use_threads=False)
+        table = dataset.head(limit, filter=condition)
     else:
         # The first `limit` in order, kept as the scan goes: a read holds a batch and those
         # rows, not every row that matches (all of a big table's, without filters).

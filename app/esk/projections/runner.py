@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from types import FrameType
 from typing import Any, NamedTuple
@@ -74,6 +75,7 @@ class RunSummary:
     rows: int = 0
     lag: dict[str, int] = field(default_factory=dict)
     caught_up: bool = False  # False: stopped before it had read up to the newest events
+    standby: bool = False  # stopped while it waited for another run to let go of the generation
 
 
 class Held(NamedTuple):
@@ -108,9 +110,9 @@ def run(
     name = projection.model.name
     tables = Tables(settings.projections.warehouse_dir)
     if held is None:
-        held = hold_generation(tables, name, rebuild, _waiting(stop, console) if continuous and not rebuild else GenerationLock.acquire)
+        held = hold_generation(tables, name, rebuild, _Waiting(stop, console) if continuous and not rebuild else None)
     if held is None:  # asked to stop while it waited
-        return RunSummary(name, tables.current_generation(name) or 0)
+        return RunSummary(name, tables.current_generation(name) or 0, standby=True)
     with held.lock:
         spark = spark or _driver_session(settings, f"esk-project-{name}")
         summary = _keep(settings, projection, held, continuous, console, spark, stop, catch_up_turn)
@@ -121,39 +123,63 @@ def run(
     # pod) moved readers to the generation it built, and then ends: this run keeps that one
     # up from now on, once that run has let go of it, or readers would see it stand still.
     console.print(f"{name}: readers were moved to generation {moved_to} by another run: keeping that one up now", highlight=False)
-    return run(settings, projection, continuous, False, console, spark, stop, catch_up_turn)
+    following = run(settings, projection, continuous, False, console, spark, stop, catch_up_turn)
+    following.batches += summary.batches
+    following.events += summary.events
+    following.rows += summary.rows
+    return following
 
 
-def hold_generation(tables: Tables, name: str, rebuild: bool, take: Callable[[GenerationLock], bool]) -> Held | None:
-    """The generation a run keeps, locked by `take` (GenerationLock.acquire refuses while
-    another run holds it; `_waiting` waits): the one readers use, or a new one (`rebuild`,
-    or the first). Readers may move while it is taken (a rebuild elsewhere switching them),
-    and then it chooses again, from where they are. None: `take` gave up (a stop asked)."""
+def hold_generation(tables: Tables, name: str, rebuild: bool, waiting: _Waiting | None = None) -> Held | None:
+    """The generation a run keeps, locked: the one readers use, or a new one (`rebuild`, or
+    the first). While another run holds it, a run is refused (GenerationBusy), or, given
+    `waiting` (a continuous run's), waits. Readers may move meanwhile (a rebuild elsewhere
+    switching them): then it chooses again, from where they are. None: a stop was asked
+    while it waited."""
     while True:
         current = tables.current_generation(name)
         lock = tables.run_lock(name, (current or 0) + 1 if rebuild or current is None else current)
-        if not take(lock):
-            return None
-        if tables.current_generation(name) == current:
-            return Held(lock, building=lock.generation != current)
+        if waiting is None:
+            lock.acquire()
+        elif not waiting.take(lock, partial(_moved, tables, name, current)):
+            if waiting.stop.asked.is_set():
+                return None
+            continue
+        try:
+            if tables.current_generation(name) == current:
+                return Held(lock, building=lock.generation != current)
+        except BaseException:
+            lock.release()
+            raise
         lock.release()
 
 
-def _waiting(stop: StopRequest, console: Console) -> Callable[[GenerationLock], bool]:
-    """How a continuous run takes its generation: waiting while another run keeps it (a
-    rebuild about to end, a one-shot run, another driver), saying who now and then; False
-    if a stop is asked first."""
+def _moved(tables: Tables, name: str, current: int | None) -> bool:
+    return tables.current_generation(name) != current
 
-    def take(lock: GenerationLock) -> bool:
-        wait_s = 0.0
-        while True:
+
+@dataclass
+class _Waiting:
+    """How a continuous run takes its generation: it waits while another run keeps it (a
+    rebuild about to end, a one-shot run, another driver), a standby that says who keeps
+    it every LOCK_REPORT_EVERY_S, until a stop is asked or readers move."""
+
+    stop: StopRequest
+    console: Console
+
+    def take(self, lock: GenerationLock, moved: Callable[[], bool]) -> bool:
+        """Whether it took `lock`; False when a stop was asked or `moved` first."""
+        reported: float | None = None
+        while not self.stop.asked.is_set() and not moved():
             try:
-                return lock.acquire(wait_s, stop.asked)
+                return lock.acquire(POLL_S, self.stop.asked)
             except GenerationBusy as busy:
-                console.print(f"{lock.name}: waiting for generation {lock.generation}, which another run keeps ({busy.holder})", highlight=False)
-                wait_s = LOCK_REPORT_EVERY_S
-
-    return take
+                if reported is None or time.monotonic() - reported >= LOCK_REPORT_EVERY_S:
+                    self.console.print(
+                        f"{lock.name}: waiting for generation {lock.generation}, which another run keeps ({busy.holder})", highlight=False
+                    )
+                    reported = time.monotonic()
+        return False
 
 
 def _keep(
@@ -172,9 +198,17 @@ def _keep(
     tables = Tables(settings.projections.warehouse_dir)
     generation = held.lock.generation
     summary = RunSummary(name, generation)
-    if (tables.current_generation(name) or 0) > generation:  # moved on while Spark started: `run` follows
-        console.print(f"{name}: readers were moved to generation {tables.current_generation(name)} by another run", highlight=False)
+    leaving = threading.Event()  # readers moved on: the query stops as at a stop, and `run` follows
+
+    def moved_on() -> bool:
+        if (tables.current_generation(name) or 0) > generation:
+            leaving.set()
+        return leaving.is_set()
+
+    if moved_on():  # while Spark started: nothing to do here
         summary.caught_up = True
+        return summary
+    if stop.asked.is_set():
         return summary
     for key, value in DELTA_CONF.items():
         spark.conf.set(key, value)
@@ -233,7 +267,7 @@ def _keep(
     def writer() -> DataStreamWriter:
         return (
             event_stream(spark, settings, categories)
-            .writeStream.foreachBatch(_interruptible(batch, stop))
+            .writeStream.foreachBatch(_interruptible(batch, lambda: stop.asked.is_set() or leaving.is_set()))
             .option("checkpointLocation", str(tables.checkpoint(name, generation)))
         )
 
@@ -242,7 +276,7 @@ def _keep(
             return summary
         query = writer().trigger(availableNow=True).start()
         try:
-            while _await(query, stop):
+            while _await(query, stop) and not moved_on():
                 pass
         except BaseException:  # a caller's Ctrl-C, or the query's failure: no query outlives the run's lock
             query.stop()
@@ -251,6 +285,9 @@ def _keep(
         if stopped:
             _stop_between_batches(query, stop, console, name)
     summary.lag = _lag(query.lastProgress)
+    if leaving.is_set():
+        summary.caught_up = True  # as far as this generation goes
+        return summary
     # A stop that let the last batch end at the newest offsets it saw has caught up too.
     summary.caught_up = not stopped or (query.lastProgress is not None and not any(summary.lag.values()))
     if not summary.caught_up:
@@ -264,8 +301,8 @@ def _keep(
         reported = vacuumed = time.monotonic()
         try:
             while _await(query, stop):
-                if (tables.current_generation(name) or 0) > generation:
-                    break  # readers moved on to a newer generation: `run` follows them
+                if moved_on():
+                    break
                 if time.monotonic() - reported > report_every_s:
                     lag = _lag(query.lastProgress)
                     if lag != summary.lag:  # a read model that keeps up says so once, not every few seconds
@@ -336,7 +373,8 @@ def run_several(
         def one(projection: Projection) -> None:
             name = projection.model.name
             try:
-                summaries[name] = run(settings, projection, continuous, rebuild, console, spark.newSession(), stop, catch_up_turn, held.get(name))
+                taken = held.pop(name, None)  # `run` lets go of it now
+                summaries[name] = run(settings, projection, continuous, rebuild, console, spark.newSession(), stop, catch_up_turn, taken)
             except BaseException as error:  # the thread's end: whatever it was, the run failed
                 failures.append(RunFailed(name, error))
                 stop.asked.set()
@@ -352,7 +390,7 @@ def run_several(
                 (stop.now if stop.asked.is_set() else stop.asked).set()
                 interrupted = True
     finally:
-        for taken in held.values():
+        for taken in held.values():  # of runs that never started
             taken.lock.release()
     if interrupted:
         raise KeyboardInterrupt
@@ -368,8 +406,8 @@ def _hold_generations(tables: Tables, names: Sequence[str], rebuild: bool) -> di
     held: dict[str, Held] = {}
     try:
         for name in names:
-            taken = hold_generation(tables, name, rebuild, GenerationLock.acquire)
-            if taken is not None:  # (acquire refuses; it does not give up)
+            taken = hold_generation(tables, name, rebuild)
+            if taken is not None:  # (without waiting: refused, or taken)
                 held[name] = taken
     except BaseException as error:
         for taken in held.values():
@@ -405,6 +443,9 @@ def run_and_report(
 
 def _print_summaries(summaries: Sequence[RunSummary], console: Console) -> None:
     for summary in summaries:
+        if summary.standby:
+            console.print(f"{summary.name}: stopped while it waited for another run to let go of it", highlight=False)
+            continue
         console.print(
             f"{summary.name}: generation {summary.generation}, {summary.batches} batches, {summary.events:,} events, "
             f"{summary.rows:,} rows merged; lag {sum(summary.lag.values())}",
@@ -538,7 +579,7 @@ class _NotLoggedWhenInterrupted(logging.Filter):
 _PY4J_FILTER = _NotLoggedWhenInterrupted()
 
 
-def _interruptible(batch: Callable[[DataFrame, int], None], stop: StopRequest) -> Callable[[DataFrame, int], None]:
+def _interruptible(batch: Callable[[DataFrame, int], None], stopping: Callable[[], bool]) -> Callable[[DataFrame, int], None]:
     """`batch`, raising BatchInterrupted, with a message Spark reads as a stop, when the stop
     `_stop_between_batches` asked for interrupts it (in a call to the JVM): a query that is
     behind starts its next batch before the stop lands, and a stop at once or STOP_WAIT_S
@@ -549,7 +590,7 @@ def _interruptible(batch: Callable[[DataFrame, int], None], stop: StopRequest) -
         try:
             batch(records, batch_id)
         except (Py4JJavaError, CapturedException) as error:
-            if stop.asked.is_set() and _interruption(error):
+            if stopping() and _interruption(error):
                 raise BatchInterrupted(INTERRUPTED_BY_STOP) from None  # `from None`: no Java stack in the message
             raise
 
