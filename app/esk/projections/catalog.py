@@ -382,7 +382,7 @@ class Tables:
     def run_lock(self, name: str, generation: int) -> GenerationLock:
         """The lock a run of the generation holds (run_lock.py): beside its checkpoint, which
         a run starting the generation over removes, and out of readers' way."""
-        return GenerationLock(self.warehouse / "_checkpoints" / name / f"g{generation}.lock", name, generation)
+        return GenerationLock(self.checkpoint(name, generation).with_suffix(".lock"), name, generation)
 
     def switch(self, name: str, generation: int) -> None:
         """Point readers at `generation`: a rename, so they see the old or the new, never neither."""

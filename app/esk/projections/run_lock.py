@@ -69,6 +69,7 @@ class GenerationLock:
 
     def _locked(self, fd: int, wait_s: float, asked_to_stop: threading.Event | None) -> bool:
         deadline = time.monotonic() + wait_s
+        stopped = asked_to_stop or threading.Event()  # none: a wait that only the deadline ends
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -80,10 +81,8 @@ class GenerationLock:
                 raise OSError(
                     error.errno, f"cannot lock {self.path} ({error.strerror}): the warehouse must be on a file system with file locks"
                 ) from error
-            if asked_to_stop is not None and asked_to_stop.wait(POLL_S):
+            if stopped.wait(POLL_S):
                 return False
-            if asked_to_stop is None:
-                time.sleep(POLL_S)
 
     def release(self) -> None:
         if self._fd is not None:
