@@ -224,7 +224,8 @@ def dev() -> None:
 
 @project_cli.command("list")
 def project_list() -> None:
-    """The read models, what they read, the generation readers use, and how far it has read."""
+    """The read models, what they read, the generation readers use, how far it has read, and
+    the runs keeping them."""
     from rich.table import Table
 
     from .projections.catalog import Tables
@@ -232,12 +233,19 @@ def project_list() -> None:
 
     settings = load_settings()
     tables = Tables(settings.projections.warehouse_dir)
-    table = Table("name", "reads", "description", "current table", "reflects (topic/partition/offset)")
+    table = Table("name", "reads", "description", "current table", "reflects (topic/partition/offset)", "kept by")
     for model in (p.model for p in read_models(settings).values()):
+        current = tables.current_generation(model.name)
         path = tables.current_path(model.name)
         positions = read_model_positions(tables, model.name) or {}
         reflects = " ".join(Position(t, p, o).token() for (t, p), o in sorted(positions.items()))
-        table.add_row(model.name, ", ".join(model.categories), model.description, str(path) if path else "not built yet", reflects)
+        keepers = "\n".join(
+            holder if generation == current else f"building g{generation}: {holder}"
+            for generation, holder in tables.keepers(model.name).items()
+        )
+        table.add_row(
+            model.name, ", ".join(model.categories), model.description, str(path) if path else "not built yet", reflects, keepers or "no run"
+        )
     console.print(table)
 
 

@@ -4,6 +4,7 @@ leaves no lock behind. Pure: no Kafka, no Spark."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import subprocess
@@ -108,6 +109,52 @@ def test_refused_stopped_and_failed_tries_leave_no_descriptor_open(tmp_path: Pat
     with pytest.raises(OSError):  # opened for writing: it is a folder
         GenerationLock(unlockable, "totals", 2).acquire()
     assert _descriptors() == before
+
+
+def test_the_holder_is_told_while_it_holds_and_not_once_it_is_gone(tmp_path: Path) -> None:
+    path = tmp_path / "g3.lock"
+    assert GenerationLock(path, "totals", 3).holder() is None  # no run ever kept it
+    with _held_elsewhere(path) as holder:
+        told = GenerationLock(path, "totals", 3).holder()
+        assert told is not None and told.startswith(f"pid {holder.pid} on ") and "--continuous" in told
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    assert f'"pid": {holder.pid}' in path.read_text()  # its file still names it
+    assert GenerationLock(path, "totals", 3).holder() is None
+    with GenerationLock(path, "totals", 3) as mine:
+        mine.acquire()
+        assert GenerationLock(path, "totals", 3).holder() is not None  # this process, through another descriptor
+
+
+def test_a_look_at_the_holder_as_a_run_starts_does_not_refuse_it(tmp_path: Path) -> None:
+    """`esk project list` takes the lock shared for an instant; a one-shot run starting at
+    that instant tries for a moment before it is refused."""
+    pytest.importorskip("pyspark")
+    from esk.projections.runner import hold_generation
+
+    tables = Tables(tmp_path)
+    path = tables.run_lock("totals", 1).path
+    path.parent.mkdir(parents=True)
+    looking = os.open(path, os.O_RDONLY | os.O_CREAT)
+    fcntl.flock(looking, fcntl.LOCK_SH)
+    threading.Timer(0.3, os.close, (looking,)).start()
+    held = hold_generation(tables, "totals", False)
+    assert held is not None and held.lock.generation == 1
+    held.lock.release()
+
+
+def test_the_keepers_are_the_runs_of_the_generation_readers_use_and_of_the_next(tmp_path: Path) -> None:
+    tables = Tables(tmp_path)
+    with _held_elsewhere(tables.run_lock("totals", 1).path) as first:
+        assert list(tables.keepers("totals")) == [1]  # no readers yet: the first generation, being built
+        tables.switch("totals", 1)
+        with _held_elsewhere(tables.run_lock("totals", 2).path) as rebuild:
+            keepers = tables.keepers("totals")
+            assert list(keepers) == [1, 2]
+            assert keepers[1].startswith(f"pid {first.pid} on ") and keepers[2].startswith(f"pid {rebuild.pid} on ")
+        assert list(tables.keepers("totals")) == [1]
+    assert tables.keepers("totals") == {}
+    assert tables.keepers("never-run") == {}
 
 
 def test_the_generation_held_is_the_one_readers_use_a_new_one_to_rebuild_or_the_first(tmp_path: Path) -> None:

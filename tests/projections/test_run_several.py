@@ -195,6 +195,15 @@ def test_esk_dev_keeps_the_read_models_up_in_one_driver(settings: Settings, tmp_
         assert "error: counter_totals: generation 1 is kept by another run (pid " in beside.stderr
         assert "esk project run --all --continuous" in beside.stderr
         assert "Spark" not in beside.stdout + beside.stderr  # no driver started
+        # and `esk project list` names the run keeping each (a wide terminal: a row a line)
+        listed = subprocess.run(
+            [sys.executable, "-m", "esk", "project", "list"],
+            env={**env, "COLUMNS": "1000"}, cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        )
+        assert listed.returncode == 0, listed.stdout + listed.stderr
+        rows = {line.split("│")[1].strip(): line for line in listed.stdout.splitlines() if "counter_" in line}
+        assert set(rows) == {"counter_adds", "counter_totals"}, listed.stdout
+        assert all("pid " in row and "esk project run --all --continuous" in row for row in rows.values()), listed.stdout
         os.killpg(dev.pid, signal.SIGINT)  # Ctrl-C in its terminal: every process of the group gets it
         assert dev.wait(timeout=60) == 0, log.read_text()[-4000:]
     output = log.read_text()

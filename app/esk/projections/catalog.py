@@ -384,6 +384,13 @@ class Tables:
         a run starting the generation over removes, and out of readers' way."""
         return GenerationLock(self.checkpoint(name, generation).with_suffix(".lock"), name, generation)
 
+    def keepers(self, name: str) -> dict[int, str]:
+        """The runs keeping `name` now, by generation: the one readers use and the one a
+        rebuild would build next. A continuous run waiting as a standby holds nothing."""
+        current = self.current_generation(name)
+        generations = [(current or 0) + 1] if current is None else [current, current + 1]
+        return {g: holder for g in generations if (holder := self.run_lock(name, g).holder()) is not None}
+
     def switch(self, name: str, generation: int) -> None:
         """Point readers at `generation`: a rename, so they see the old or the new, never neither."""
         pointer = self.warehouse / name / "CURRENT"

@@ -23,6 +23,9 @@ from pathlib import Path
 from types import TracebackType
 
 POLL_S = 0.5  # how often a waiting run tries the lock again
+# How long a run that does not wait still tries: `holder` takes the lock shared for an
+# instant (`esk project list`), which must not refuse a run starting at that instant.
+GRACE_S = 2 * POLL_S
 
 
 class GenerationBusy(Exception):
@@ -83,6 +86,21 @@ class GenerationLock:
                 ) from error
             if stopped.wait(POLL_S):
                 return False
+
+    def holder(self) -> str | None:
+        """Who keeps the generation now (as `GenerationBusy` names them), or None when no
+        run does. A file left by a run that has ended names it still: only the lock tells."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return self._holder()
+        finally:
+            os.close(fd)  # and the shared lock with it
+        return None
 
     def release(self) -> None:
         if self._fd is not None:

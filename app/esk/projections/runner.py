@@ -36,7 +36,7 @@ from rich.console import Console
 from ..settings import Settings
 from .catalog import BatchWriter, Projection, Tables, session_conf
 from .events import decode, event_stream, older_version, upcast
-from .run_lock import GenerationBusy, GenerationLock
+from .run_lock import GRACE_S, GenerationBusy, GenerationLock
 from .session import spark_session
 
 # Delta settings for many small writes on a few cores: Delta rebuilds a table's snapshot
@@ -140,7 +140,7 @@ def hold_generation(tables: Tables, name: str, rebuild: bool, waiting: _Waiting 
         current = tables.current_generation(name)
         lock = tables.run_lock(name, (current or 0) + 1 if rebuild or current is None else current)
         if waiting is None:
-            lock.acquire()
+            lock.acquire(GRACE_S)
         elif not waiting.take(lock, partial(_moved, tables, name, current)):
             if waiting.stop.asked.is_set():
                 return None
