@@ -161,6 +161,10 @@ class ProjectionSettings(BaseModel):
     # `esk dev` keeps every read model up (`esk project run --all --continuous`, a Spark
     # driver of ESK_PROJECTIONS__DRIVER_MEMORY).
     run_in_dev: bool = True
+    # A generation readers left (a rebuild switched them to a new one) is removed this long
+    # after the switch, by the run keeping the new one: a read that chose the old one just
+    # before has ended by then. `esk sql` reads the generation readers used as it started.
+    old_generations_kept_s: float = Field(default=600.0, ge=0.0)
 
 
 class SubscriberSettings(BaseModel):

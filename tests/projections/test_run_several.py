@@ -138,6 +138,7 @@ def _esk_dev(
         # the default's form, relative to where esk runs (Delta once refused such a location)
         ESK_PROJECTIONS__WAREHOUSE_DIR=".esk/warehouse",
         ESK_API__READ_WAIT_MAX_S="150",  # a read that waits for Spark's start and two catch-ups
+        ESK_PROJECTIONS__OLD_GENERATIONS_KEPT_S="0",  # a generation readers left goes at once
     )
     log = tmp_path / "dev.log"
     with log.open("wb") as out:
@@ -185,6 +186,12 @@ def test_esk_dev_keeps_the_read_models_up_in_one_driver(settings: Settings, tmp_
         assert "counter_adds: readers now use generation 2" in rebuilt.stdout + rebuilt.stderr
         kept_up(client, log, "add", {"n": 1}, {"counter_adds": {"counter_id": "c1", "adds": 3, "version": 4}})
         assert "counter_adds: readers were moved to generation 2 by another run: keeping that one up now" in log.read_text()
+        # and removes the generation readers left (its table, checkpoint and lock)
+        warehouse = tmp_path / ".esk" / "warehouse"
+        _until(lambda: not (warehouse / "counter_adds" / "g1").exists(), dev, log, "the generation readers left is removed")
+        assert "counter_adds: removed generation(s) 1, which readers left" in log.read_text()
+        assert not (warehouse / "_checkpoints" / "counter_adds" / "g1").exists()
+        assert (warehouse / "counter_totals" / "g1").is_dir()  # the one readers use
         # One run keeps a generation: a one-shot run beside esk dev's is refused before its
         # driver starts (it would share the checkpoint), naming esk dev's run
         beside = subprocess.run(

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -23,7 +25,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ..domain.aggregate import AggregateType
 from ..registry import by_name, load_object, load_optional
 from ..settings import Settings
-from .run_lock import GenerationLock
+from .run_lock import GenerationBusy, GenerationLock
 
 if TYPE_CHECKING:
     from pyarrow.dataset import Dataset
@@ -32,6 +34,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 _READ_MODEL_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+_GENERATION_ENTRY = re.compile(r"g([0-9]+)(\.lock)?")  # a table or checkpoint folder, or a lock
 
 
 @dataclass(frozen=True)
@@ -390,6 +393,42 @@ class Tables:
         current = self.current_generation(name)
         generations = [(current or 0) + 1] if current is None else [current, current + 1]
         return {g: holder for g in generations if (holder := self.run_lock(name, g).holder()) is not None}
+
+    def generations(self, name: str) -> list[int]:
+        """Every generation of `name` with something on disk: a table, a checkpoint, a lock."""
+        found: set[int] = set()
+        for folder in (self.warehouse / name, self.warehouse / "_checkpoints" / name):
+            if folder.is_dir():
+                found.update(int(m.group(1)) for entry in folder.iterdir() if (m := _GENERATION_ENTRY.fullmatch(entry.name)))
+        return sorted(found)
+
+    def retire(self, name: str, unused_for_s: float) -> list[int]:
+        """Removes the generations readers left (older than the one they use: a rebuild
+        switched them), table, checkpoint and lock, once readers have used the newer one
+        for `unused_for_s`: a read that chose an old one just before the switch has ended
+        by then. One that a run still keeps stays (it is about to follow readers), and so
+        does everything newer. The removed generations, oldest first."""
+        current = self.current_generation(name)
+        try:
+            switched = (self.warehouse / name / "CURRENT").stat().st_mtime
+        except FileNotFoundError:
+            return []
+        if current is None or time.time() - switched < unused_for_s:
+            return []
+        removed = []
+        for generation in (g for g in self.generations(name) if g < current):
+            lock = self.run_lock(name, generation)
+            try:
+                lock.acquire()
+            except GenerationBusy:
+                continue
+            with lock:
+                for folder in (self.path(name, generation), self.checkpoint(name, generation)):
+                    if folder.exists():
+                        shutil.rmtree(folder)
+                lock.path.unlink()  # last: a generation with a folder left is found again next time
+            removed.append(generation)
+        return removed
 
     def switch(self, name: str, generation: int) -> None:
         """Point readers at `generation`: a rename, so they see the old or the new, never neither."""

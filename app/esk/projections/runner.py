@@ -52,6 +52,7 @@ TABLE_PROPERTIES = {
     "delta.deletedFileRetentionDuration": "interval 1 day",
 }
 VACUUM_EVERY_S = 3600.0  # a continuous run removes unreferenced files this often
+RETIRE_EVERY_S = 60.0  # and looks this often for generations readers left long enough ago
 LAG_REPORT_EVERY_S = 10  # and looks at its lag this often, to log it when it changed
 POLL_S = 1  # seconds: how soon a run notices it is asked to stop
 # How long a stop waits for the batch in flight: below the grace a supervisor gives before
@@ -295,10 +296,12 @@ def _keep(
     if held.building:
         tables.switch(name, generation)  # caught up: readers move over now, never earlier
         console.print(f"{name}: readers now use generation {generation} ({path})", highlight=False)
+    kept_s = settings.projections.old_generations_kept_s
+    _retire(tables, name, kept_s, console)
     if continuous and not stop.asked.is_set():
         query = writer().trigger(processingTime=f"{settings.projections.trigger_interval_s} seconds").start()
         report_every_s = max(LAG_REPORT_EVERY_S, round(settings.projections.trigger_interval_s * 2))
-        reported = vacuumed = time.monotonic()
+        reported = vacuumed = retired = time.monotonic()
         try:
             while _await(query, stop):
                 if moved_on():
@@ -314,6 +317,9 @@ def _keep(
                     # Delta lets a VACUUM run alongside writes.
                     _vacuum(str(path))
                     vacuumed = time.monotonic()
+                if time.monotonic() - retired > RETIRE_EVERY_S:
+                    _retire(tables, name, kept_s, console)
+                    retired = time.monotonic()
         except KeyboardInterrupt:  # a caller's Ctrl-C (the CLI's signals only ask)
             pass
         finally:
@@ -676,6 +682,18 @@ def _vacuum(path: str) -> None:
     from deltalake import DeltaTable as DeltaRs
 
     DeltaRs(path).vacuum(dry_run=False)
+
+
+def _retire(tables: Tables, name: str, kept_s: float, console: Console) -> None:
+    """Removes the generations readers left `kept_s` ago (Tables.retire). A failure is
+    told, not raised: the run goes on, and the next look tries again."""
+    try:
+        removed = tables.retire(name, kept_s)
+    except OSError as error:
+        console.print(f"{name}: a generation readers left could not be removed (tried again later): {error}", highlight=False)
+        return
+    if removed:
+        console.print(f"{name}: removed generation(s) {', '.join(map(str, removed))}, which readers left", highlight=False)
 
 
 def _compact(path: str) -> None:
