@@ -72,7 +72,7 @@ def domain_registry(settings: Settings) -> Registry:
     when they cannot be found: the usual first mistake of a new project."""
     try:
         return load_registry(settings.domain)
-    except LookupError as error:  # its message names the setting and what to do
+    except (LookupError, TypeError, ValueError) as error:  # their messages name the setting and what to do
         raise fail(str(error)) from None
     except ImportError as error:  # the module exists, but something it imports does not
         raise fail(f"ESK_DOMAIN={settings.domain}: {error}") from None
@@ -322,6 +322,10 @@ def _module_there(name: str) -> bool:
         return False
 
 
+# What `pip install 'esk[spark]'` brings (pyproject.toml), by the name a module imports it by.
+SPARK_EXTRA = frozenset({"pyspark", "delta", "deltalake", "pyarrow"})
+
+
 def read_models(settings: Settings) -> dict[str, Projection]:
     """The user's read models (ESK_READ_MODELS), or a one-line error."""
     from .projections.catalog import configured_read_models
@@ -331,7 +335,9 @@ def read_models(settings: Settings) -> dict[str, Projection]:
     except (LookupError, TypeError, ValueError) as error:  # their messages name the setting
         raise fail(str(error)) from None
     except ImportError as error:
-        raise fail(f"ESK_READ_MODELS={settings.read_models}: {error} (the read models need the spark extra: pip install 'esk[spark]')") from None
+        missing = error.name.partition(".")[0] if isinstance(error, ModuleNotFoundError) and error.name else None
+        hint = " (the read models need the spark extra: pip install 'esk[spark]')" if missing in SPARK_EXTRA else ""
+        raise fail(f"ESK_READ_MODELS={settings.read_models}: {error}{hint}") from None
 
 
 @cli.command("jars")

@@ -58,6 +58,8 @@ def by_name(
     items: Iterable[Any], spec: str, kind: type[T], kind_name: str, name: Callable[[T], str], what: str
 ) -> dict[str, T]:
     """`items` (what `spec` named) by name, each checked to be a `kind` and named once."""
+    if isinstance(items, (kind, str, bytes)) or not isinstance(items, Iterable):
+        raise TypeError(f"{spec} names one {type(items).__name__}, not a list: it must name a list, each item {kind_name}")
     found: dict[str, T] = {}
     for item in items:
         if not isinstance(item, kind):

@@ -201,6 +201,31 @@ def test_a_domain_that_is_not_there_is_a_one_line_error(installed: Installed, tm
     ]
 
 
+@pytest.mark.parametrize(
+    ("domain", "error"),
+    [
+        ("counters", "error: ESK_DOMAIN must look like 'package.module:ATTRIBUTE', got 'counters'"),
+        ("counters:counters", "error: counters:counters names one AggregateType, not a list: it must name a list, each item an AggregateType"),
+    ],
+    ids=["no attribute", "one aggregate type, not a list"],
+)
+def test_a_domain_setting_of_the_wrong_form_is_a_one_line_error(installed: Installed, tmp_path: Path, domain: str, error: str) -> None:
+    shutil.copy(ROOT / "tests" / "counters.py", tmp_path / "counters.py")
+    env = user_env(installed, ESK_DOMAIN=domain, ESK_KAFKA__BOOTSTRAP_SERVERS=f"127.0.0.1:{free_port()}")
+    result = subprocess.run([PYTHON, "-m", "esk", "dev"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and result.stderr.startswith(error), result.stderr
+
+
+def test_read_models_that_import_what_is_not_there_are_a_one_line_error_naming_it(installed: Installed, tmp_path: Path) -> None:
+    (tmp_path / "models.py").write_text("import nosuch_package_of_theirs\nREAD_MODELS = []\n")
+    env = user_env(installed, ESK_READ_MODELS="models:READ_MODELS")
+    result = subprocess.run([PYTHON, "-m", "esk", "project", "list"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1, result.stderr
+    # not esk's spark extra (what the hint would say were it pyspark or delta-rs): theirs
+    assert result.stderr.strip().splitlines() == ["error: ESK_READ_MODELS=models:READ_MODELS: No module named 'nosuch_package_of_theirs'"]
+
+
 @contextmanager
 def esk_dev(project: Path, env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
     """`esk dev` in its own process group, so that whatever a failing test leaves of it (its
