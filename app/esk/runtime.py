@@ -100,14 +100,48 @@ def run_subscriber(settings: Settings, name: str) -> None:
 
 # Above the read models' wait for their batch in flight (projections.runner.STOP_WAIT_S, 20 s).
 DEV_STOP_TIMEOUT_S = 30.0
+# The read models' driver, when it exits under `esk dev`, is started again after a delay
+# that doubles with each exit, up to the last; one that ran for a while starts from the first.
+DRIVER_RESTART_DELAYS_S = (10.0, 20.0, 40.0, 80.0, 160.0, 300.0)
+DRIVER_RAN_WELL_S = 300.0
+
+
+class RestartedChild:
+    """A child process that `esk dev` starts again when it exits: the read models' driver.
+    Its failure (a read model's bug, a broker away) must not leave the tables standing still
+    until esk dev is restarted; and as a new process it runs the read models' code as it is
+    then, so a fix is taken up at the next start."""
+
+    def __init__(self, command: list[str], env: dict[str, str], what: str) -> None:
+        self.command, self.env, self.what = command, env, what
+        self.process: subprocess.Popen[bytes] | None = None
+        self.started = self.due = 0.0
+        self.exits = 0  # in a row, each soon after its start
+
+    def watch(self) -> None:
+        """Starts it when it is due; notes its exit, and when to start it again."""
+        now = time.monotonic()
+        if self.process is None:
+            if now >= self.due:
+                self.process = subprocess.Popen(self.command, env=self.env)
+                self.started = now
+            return
+        code = self.process.poll()
+        if code is None:
+            return
+        self.process = None
+        self.exits = 1 if now - self.started >= DRIVER_RAN_WELL_S else self.exits + 1
+        delay_s = DRIVER_RESTART_DELAYS_S[min(self.exits, len(DRIVER_RESTART_DELAYS_S)) - 1]
+        self.due = now + delay_s
+        log.error("%s exited (%d); starting it again in %.0f s, the rest going on meanwhile", self.what, code, delay_s)
 
 
 def run_dev(settings: Settings, subscriptions: list[str], read_models: bool = False) -> int:
     """API, processor, each subscription and (`read_models`) the read models, all of them in
     one Spark driver, as child processes (as in production), until Ctrl-C or one of them
     exits; the exit code: 1 when one exited on its own. The read models' driver alone may
-    end (a read model that fails, one whose columns changed, no Java): the rest goes on
-    without it, as commands need none of it."""
+    end (a read model that fails, one whose columns changed, no Java): the rest goes on,
+    as commands need none of it, and the driver is started again (RestartedChild)."""
     esk = [sys.executable, "-m", "esk"]
     env = {**os.environ, "ESK_KAFKA__BOOTSTRAP_SERVERS": settings.bootstrap_servers}
     children = [
@@ -119,20 +153,20 @@ def run_dev(settings: Settings, subscriptions: list[str], read_models: bool = Fa
         # each on a metrics port of its own, the next one up
         port = {"ESK_SUBSCRIBER__METRICS_PORT": str(first_port + n)} if first_port is not None else {}
         children.append(subprocess.Popen([*esk, "subscriber", name], env={**env, **port}))
-    optional = [subprocess.Popen([*esk, "project", "run", "--all", "--continuous"], env=env)] if read_models else []
+    driver = RestartedChild([*esk, "project", "run", "--all", "--continuous"], env, "the read models' driver") if read_models else None
     code = 0
     try:
         while all(child.poll() is None for child in children):
-            for ended in [child for child in optional if child.poll() is not None]:
-                log.error("the read models' driver exited (%d); the rest goes on without it", ended.returncode)
-                optional.remove(ended)
+            if driver is not None:
+                driver.watch()
             time.sleep(0.5)
         log.error("a child process exited; stopping the others")
         code = 1
     except KeyboardInterrupt:
         pass
     finally:
-        children += optional
+        if driver is not None and driver.process is not None:
+            children.append(driver.process)
         for child in children:
             if child.poll() is None:
                 child.send_signal(signal.SIGTERM)

@@ -16,6 +16,7 @@ from pyspark.sql import DataFrame, SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 
 import esk  # noqa: E402
+from esk.api.http import NO_RUN  # noqa: E402
 from esk.projections.catalog import Tables  # noqa: E402
 from esk.projections.runner import run  # noqa: E402
 from esk.settings import Settings  # noqa: E402
@@ -43,6 +44,7 @@ async def test_a_read_after_a_commands_position_shows_that_command(settings: Set
         # not built yet, and not built in time: said so
         r = await s.client.get(url, params={**first, "wait_ms": 300})
         assert r.status_code == 503 and r.json()["code"] == "projection_not_built", r.text
+        assert r.json()["detail"] == f"account_balances has not been built yet: run `esk project run account_balances`; {NO_RUN}"
         # a read that waits waits for the first build too
         waiting = asyncio.create_task(s.client.get(url, params={**first, "wait_ms": 120_000}, timeout=150))
         await asyncio.sleep(0.5)
@@ -58,6 +60,11 @@ async def test_a_read_after_a_commands_position_shows_that_command(settings: Set
         r = await s.client.get(url, params={"account_id": "ryw-1", "after": token, "wait_ms": 300})
         assert r.status_code == 503 and r.json()["code"] == "not_caught_up", r.text
         assert r.json()["positions"] and r.headers["retry-after"] == "1"
+        assert r.json()["detail"].endswith(f"; {NO_RUN}")  # waiting longer would not help
+        with Tables(settings.projections.warehouse_dir).run_lock("account_balances", 1) as kept:
+            kept.acquire()  # as a run keeping it up would: then it is only late
+            r = await s.client.get(url, params={"account_id": "ryw-1", "after": token, "wait_ms": 300})
+            assert r.status_code == 503 and r.json()["code"] == "not_caught_up" and NO_RUN not in r.json()["detail"], r.text
         # without `after` the same read answers at once, with the rows as they are
         r = await s.client.get(url, params={"account_id": "ryw-1"})
         assert [row["balance"] for row in r.json()["rows"]] == [0]

@@ -249,7 +249,9 @@ def _raise(error: BaseException) -> int:
 
 def _settings(warehouse: Path) -> Settings:
     base = Settings(_env_file=None)
-    return base.model_copy(update={"projections": base.projections.model_copy(update={"warehouse_dir": warehouse})})
+    return base.model_copy(
+        update={"domain": "tests.counters:AGGREGATES", "projections": base.projections.model_copy(update={"warehouse_dir": warehouse})}
+    )
 
 
 def _projection(name: str) -> Projection:

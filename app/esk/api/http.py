@@ -43,6 +43,8 @@ from .tracing import TracingMiddleware
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+# Told with a read model's 503: nothing keeps it up, so waiting will not help.
+NO_RUN = "no run keeps it up now (`esk project list` says who keeps each read model; `esk dev` keeps them all)"
 
 
 def _fastapi_telemetry(settings: Settings) -> dict[str, Any]:
@@ -169,9 +171,11 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
 
         try:
             positions = await after.reflected(name, read_model_positions)
-        except Problem:
+        except Problem as problem:
             if not_built:
                 raise not_built[0] from None
+            if problem.code == "not_caught_up" and await asyncio.to_thread(read_models.kept, name) is False:
+                problem.detail += f"; {NO_RUN}"
             raise
         rows = await _read_model(name, filters, row_limit)
         return json_response({"name": name, "rows": rows, "count": len(rows), "positions": positions_json(positions)})
@@ -219,8 +223,11 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
         except ReadModelNotFound:
             raise Problem(404, "unknown_projection", f"no read model {name!r}") from None
         except ReadModelNotBuilt:
+            building = await asyncio.to_thread(read_models.kept, name)
             raise Problem(
-                503, "projection_not_built", f"{name} has not been built yet: run `esk project run {name}`",
+                503, "projection_not_built",
+                f"{name} has not been built yet: "
+                + ("a run is building it" if building else f"run `esk project run {name}`" + (f"; {NO_RUN}" if building is False else "")),
                 {"Retry-After": "60"},
             ) from None
         except BadFilter as error:

@@ -105,6 +105,12 @@ class BatchWriter:
     def columns(self) -> StructType:
         return self.schema if self.schema is not None else self.read().schema
 
+    @property
+    def planning(self) -> bool:
+        """True while a run's start only plans the read model's `apply`, over no events
+        (PlanCheck): side effects of its own (a log line, a metric) belong to real batches."""
+        return False
+
     def read(self) -> DataFrame:
         """The table as a DataFrame of its own: a MERGE's source that reads the target
         must not share the target's DataFrame (`DeltaTable.toDF()`), whose columns the
@@ -199,6 +205,51 @@ class BatchWriter:
         if written is not None and written >= self.batch_id:
             return 0
         return write(table, Transaction(app_id, self.batch_id))
+
+
+@dataclass(frozen=True)
+class PlanCheck(BatchWriter):
+    """A BatchWriter that writes nothing. A read model's `apply`, given it and no events at
+    a run's start, has Spark analyse each DataFrame it builds, and each Merge checked
+    against the table's columns: a mistake in a read model (a column its rows do not
+    have, an event of a type it does not read) is told before the query starts, not at
+    the first batch that holds an event."""
+
+    @property
+    def planning(self) -> bool:
+        return True
+
+    def read(self) -> DataFrame:
+        return self.spark.createDataFrame([], self.columns)
+
+    def cache(self, frame: DataFrame) -> DataFrame:
+        return frame
+
+    def lookup(self, keys: DataFrame, on: str | Sequence[str]) -> DataFrame:
+        on = [on] if isinstance(on, str) else list(on)
+        keys.select(*on)
+        self._columns_held("its lookup is on", on)
+        return self.read()
+
+    def merge(self, source: DataFrame, spec: Merge, step: str = "merge") -> int:
+        from pyspark.sql import functions as F
+
+        self._columns_held("its Merge sets", [*spec.update, *(spec.insert or {})])
+        conditions = [spec.update_if, spec.insert_if, spec.delete_if]
+        expressions = [*spec.update.values(), *(spec.insert or {}).values(), *(c for c in conditions if c)]
+        # The MERGE's view of a row: `t` the table's, `s` the batch's
+        self.read().alias("t").join(source.alias("s"), F.expr(spec.on), "full").select(*map(F.expr, expressions))
+        _inserted(source, spec, self.columns)
+        return 0
+
+    def append(self, rows: DataFrame, step: str = "append") -> int:
+        self._columns_held("it appends", rows.columns)
+        return 0
+
+    def _columns_held(self, what: str, columns: Sequence[str]) -> None:
+        held = self.columns.fieldNames()
+        if unknown := [column for column in columns if column not in held]:
+            raise ValueError(f"{what} {', '.join(unknown)}, which its table does not have (its columns: {', '.join(held)})")
 
 
 @contextmanager

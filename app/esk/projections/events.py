@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import types
 import typing
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -172,6 +175,11 @@ def decode(raw: DataFrame) -> DataFrame:
     )
 
 
+def no_events(spark: SparkSession) -> DataFrame:
+    """An empty batch, decoded: what a read model is given, with no rows."""
+    return decode(spark.createDataFrame([], "value binary, partition int, offset bigint"))
+
+
 def upcast(events: DataFrame, settings: Settings, categories: tuple[str, ...]) -> DataFrame:
     """`events` (one micro-batch, decoded from its cached records) with `data` brought to
     each event type's current schema version by the domain's own upcasters. A Python UDF
@@ -213,10 +221,37 @@ def _upcast_udf(domain: str) -> Any:
     return upcast_data
 
 
+# The aggregate types the read model whose batch is being planned reads (`reading`): its
+# batches hold their events and no others, so a filter on another type's would find none.
+_READ: ContextVar[tuple[str, tuple[AggregateType[Any], ...]] | None] = ContextVar("esk_read_model_reads", default=None)
+
+
+@contextmanager
+def reading(name: str, reads: tuple[AggregateType[Any], ...]) -> Iterator[None]:
+    """While a read model's batch is planned: `of`, `is_event` and `payload` then refuse
+    an aggregate type it does not read."""
+    token = _READ.set((name, reads))
+    try:
+        yield
+    finally:
+        _READ.reset(token)
+
+
+def _read_here(aggregate_type: AggregateType[Any]) -> None:
+    read = _READ.get()
+    if read is not None and aggregate_type not in read[1]:
+        name, reads = read
+        raise TypeError(
+            f"{name} reads {', '.join(a.name for a in reads)}, not {aggregate_type.name}: its batches hold none of "
+            f"{aggregate_type.name}'s events (add {aggregate_type.name} to its ReadModel's reads)"
+        )
+
+
 def is_event(aggregate_type: AggregateType[Any], event: type[Event]) -> Column:
     """True on the rows of `event` (of `aggregate_type`: names may repeat across types)."""
     if event not in aggregate_type.events:
         raise TypeError(f"{event.__name__} is not an event of {aggregate_type.name}")
+    _read_here(aggregate_type)
     return (F.col("aggregate_type") == aggregate_type.name) & (F.col("type") == event.type_name())
 
 
@@ -227,6 +262,7 @@ def payload(aggregate_type: AggregateType[Any], event: type[Event]) -> Column:
 
 def of(aggregate_type: AggregateType[Any]) -> Column:
     """True on the rows of `aggregate_type`'s events."""
+    _read_here(aggregate_type)
     return F.col("aggregate_type") == aggregate_type.name
 
 

@@ -47,6 +47,14 @@ class ReadModelRows:
     def read(self, name: str, filters: dict[str, str], limit: int) -> list[dict[str, Any]]:
         return read_rows(self.tables, self.model(name), filters, limit)
 
+    def kept(self, name: str) -> bool | None:
+        """Whether a run keeps the read model up (or builds it) now; None when this process
+        cannot tell (the warehouse's locks cannot be read from here)."""
+        try:
+            return bool(self.tables.keepers(name))
+        except OSError:
+            return None
+
     def positions(self, name: str) -> Positions:
         """What the read model's current table reflects (see projections.positions)."""
         self.model(name)

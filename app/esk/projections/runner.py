@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
 import signal
 import threading
@@ -25,6 +26,7 @@ from typing import Any, NamedTuple
 
 from delta.tables import DeltaTable
 from py4j.protocol import Py4JJavaError
+from pyspark.errors import PySparkException
 from pyspark.errors.exceptions.captured import CapturedException
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -33,9 +35,10 @@ from pyspark.sql.streaming.readwriter import DataStreamWriter
 from pyspark.sql.types import StructType
 from rich.console import Console
 
+from ..registry import load_registry
 from ..settings import Settings
-from .catalog import BatchWriter, Projection, Tables, session_conf
-from .events import decode, event_stream, older_version, upcast
+from .catalog import BatchWriter, PlanCheck, Projection, Tables, session_conf
+from .events import decode, event_stream, no_events, older_version, reading, upcast
 from .run_lock import GRACE_S, GenerationBusy, GenerationLock
 from .session import spark_session
 
@@ -109,6 +112,7 @@ def run(
     console = console or Console(stderr=True, soft_wrap=True)
     stop = stop or StopRequest()
     name = projection.model.name
+    _check_reads(settings, projection)
     tables = Tables(settings.projections.warehouse_dir)
     if held is None:
         held = hold_generation(tables, name, rebuild, _Waiting(stop, console) if continuous and not rebuild else None)
@@ -217,6 +221,7 @@ def _keep(
     schema = spark.createDataFrame([], projection.columns).schema
     _create_table(spark, path, tables.checkpoint(name, generation), schema, projection.model.partition_by, not held.building)
     app_id = f"esk.{settings.app}.{name}.g{generation}"
+    _check_plan(spark, projection, app_id, path, schema)
     categories = projection.model.categories
     older = older_version(settings, categories)
 
@@ -245,10 +250,11 @@ def _keep(
                 # One partition, its shuffles too: each partition is a task to schedule, and
                 # adaptive execution, which would merge near-empty shuffle partitions, is off
                 # in a streaming query's batches.
-                with session_conf(events.sparkSession, {"spark.sql.shuffle.partitions": "1"}):
+                with session_conf(events.sparkSession, {"spark.sql.shuffle.partitions": "1"}), reading(name, projection.model.reads):
                     rows = projection.apply(events.coalesce(1), writer)
             else:
-                rows = projection.apply(events, writer)
+                with reading(name, projection.model.reads):
+                    rows = projection.apply(events, writer)
             if (batch_id + 1) % COMPACT_EVERY == 0:
                 _compact(str(path))
         finally:
@@ -333,7 +339,7 @@ class RunFailed(Exception):
     summaries of the read models that stopped because of it."""
 
     def __init__(self, name: str, error: BaseException, others: Sequence[RunSummary] = ()) -> None:
-        if isinstance(error, GenerationBusy):
+        if isinstance(error, (GenerationBusy, ReadModelInvalid)):
             message = f"{name}: {error}"
         elif isinstance(error, ColumnsChanged):
             message = (
@@ -459,6 +465,53 @@ def _print_summaries(summaries: Sequence[RunSummary], console: Console) -> None:
         )
         if not summary.caught_up:
             console.print(f"{summary.name}: stopped before it caught up; readers stay where they were", highlight=False)
+
+
+class ReadModelInvalid(Exception):
+    """The read model cannot run as its code stands: what it reads is not in the domain, or
+    its `apply` fails to plan a batch."""
+
+
+def _check_reads(settings: Settings, projection: Projection) -> None:
+    registry = load_registry(settings.domain)
+    for aggregate_type in projection.model.reads:
+        if aggregate_type.name not in registry:
+            raise ReadModelInvalid(
+                f"it reads {aggregate_type.name}, which ESK_DOMAIN={settings.domain} does not register: "
+                "register it there, or take it out of the ReadModel's reads"
+            )
+
+
+def _check_plan(spark: SparkSession, projection: Projection, app_id: str, path: Path, schema: StructType) -> None:
+    """The read model's `apply` over no events, with a writer that writes nothing
+    (PlanCheck): Spark analyses what it builds, so its mistakes are told now, in a line,
+    rather than at its first batch with events, inside the streaming query's error."""
+    try:
+        with reading(projection.model.name, projection.model.reads), _quiet(*SPARK_ERROR_LOGGERS):
+            projection.apply(no_events(spark), PlanCheck(spark, app_id, -1, str(path), schema=schema))
+    except (PySparkException, TypeError, ValueError, LookupError, AttributeError) as error:
+        told = (error.getMessage() if isinstance(error, PySparkException) else str(error)).strip()
+        # Spark's message, without its SQL state and the plan it prints after
+        first = re.sub(r"\s*SQLSTATE: \w+.*", "", told.splitlines()[0]) if told else type(error).__name__
+        raise ReadModelInvalid(f"its apply fails on a batch: {first}") from error
+
+
+# PySpark logs each analysis error it raises, plan and Java stack included, under these
+# loggers, before the caller has seen it: a mistake _check_plan tells in a line.
+SPARK_ERROR_LOGGERS = ("SQLQueryContextLogger", "DataFrameQueryContextLogger")
+
+
+@contextmanager
+def _quiet(*names: str) -> Iterator[None]:
+    loggers = [logging.getLogger(name) for name in names]
+    before = [logger.disabled for logger in loggers]
+    for logger in loggers:
+        logger.disabled = True
+    try:
+        yield
+    finally:
+        for logger, disabled in zip(loggers, before, strict=True):
+            logger.disabled = disabled
 
 
 class ColumnsChanged(Exception):

@@ -27,15 +27,19 @@ CACHE_WITHOUT_CLONES: dict[str, str | int | float | bool | None] = {
     "spark.sql.sources.bucketing.autoBucketedScan.enabled": "false",
     "spark.sql.adaptive.applyFinalStageShuffleOptimizations": "false",
 }
-# What Spark logs when a stop ends a query on purpose: a warning that no job of its group
-# was running (at every stop between batches, twice a query), and, when the stop cut a
-# batch short in a local shuffle read, an ERROR for the interrupted read (whose exception,
-# an InterruptedException, has no message: "null").
-_STOP_NOISE = (
+# What Spark logs that tells an esk user nothing. When a stop ends a query on purpose: a
+# warning that no job of its group was running (at every stop between batches, twice a
+# query), and, when the stop cut a batch short in a local shuffle read, an ERROR for the
+# interrupted read (whose exception, an InterruptedException, has no message: "null").
+# And a warning at each micro-batch longer than the trigger interval, which a continuous
+# run's small batches often are (0.5 s against about a second): its lag is what matters,
+# and the run logs that when it changes.
+_NOISE = (
     r".*Failed to cancel job group .*Cannot find active jobs for it.*",
     r"Error occurred while fetching local blocks, null",
+    r"Current batch is falling behind\..*",
 )
-_QUIET_STOPS_SET = "esk.quietStops"
+_QUIET_SET = "esk.quiet"
 _VERSIONED = re.compile(r"^(?P<artifact>.+?)-\d[\w.\-]*\.jar$")
 
 
@@ -88,25 +92,25 @@ def spark_session(settings: Settings, app_name: str = "esk", archive_to: Path | 
         )
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
-    _quiet_stops(spark)
+    _quiet(spark)
     return spark
 
 
-def _quiet_stops(spark: SparkSession) -> None:
-    """Filters on the driver's root logger drop what Spark logs about a stop of a query that
-    esk asked for (_STOP_NOISE), those messages alone, once per JVM: a warning or an error
-    at every stop of every read model would be about nothing."""
+def _quiet(spark: SparkSession) -> None:
+    """Filters on the driver's root logger drop what Spark logs that tells nothing (_NOISE),
+    those messages alone, once per JVM: a warning or an error at every stop of every read
+    model, or at every batch, would be about nothing."""
     jvm: Any = spark.sparkContext._jvm
-    if jvm.System.getProperty(_QUIET_STOPS_SET) is not None:
+    if jvm.System.getProperty(_QUIET_SET) is not None:
         return
     log4j = jvm.org.apache.logging.log4j
     result = log4j.core.Filter.Result
     context = log4j.LogManager.getContext(False)
     root = context.getConfiguration().getRootLogger()
-    for pattern in _STOP_NOISE:
+    for pattern in _NOISE:
         root.addFilter(log4j.core.filter.RegexFilter.createFilter(pattern, None, False, result.DENY, result.NEUTRAL))
     context.updateLoggers()
-    jvm.System.setProperty(_QUIET_STOPS_SET, "1")
+    jvm.System.setProperty(_QUIET_SET, "1")
 
 
 def _class_sharing(jars: list[Path], archive_to: Path | None) -> list[str]:
