@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from aiokafka.errors import KafkaConnectionError
 from rich.console import Console
 from rich.markup import escape
 
@@ -132,7 +133,13 @@ def topics_init(
 def init_topics(settings: Settings) -> None:
     registry = domain_registry(settings)
     require_kafka_access(settings)
-    report = asyncio.run(ensure_topics(settings, topic_specs(settings, registry)))
+    try:
+        report = asyncio.run(ensure_topics(settings, topic_specs(settings, registry)))
+    except KafkaConnectionError:
+        raise fail(
+            f"no Kafka broker answered at {settings.bootstrap_servers}: start one (`esk broker start`; "
+            "`esk dev` starts its own), or set ESK_KAFKA__BOOTSTRAP_SERVERS to yours"
+        ) from None
     for name in report.created:
         console.print(f"created  {name}")
     for name in report.ok:

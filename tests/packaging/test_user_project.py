@@ -217,6 +217,20 @@ def test_a_domain_setting_of_the_wrong_form_is_a_one_line_error(installed: Insta
     assert len(result.stderr.strip().splitlines()) == 1 and result.stderr.startswith(error), result.stderr
 
 
+def test_topics_init_without_a_broker_is_a_one_line_error(installed: Installed, tmp_path: Path) -> None:
+    shutil.copy(ROOT / "tests" / "counters.py", tmp_path / "counters.py")
+    address = f"127.0.0.1:{free_port()}"  # nothing listens there
+    env = user_env(installed, ESK_DOMAIN="counters:AGGREGATES", ESK_KAFKA__BOOTSTRAP_SERVERS=address)
+    result = subprocess.run([PYTHON, "-m", "esk", "topics", "init"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1, result.stderr
+    # the error, after the one warning esk's log gives of a broker it cannot reach
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: no Kafka broker answered at {address}: start one (`esk broker start`; `esk dev` starts its own), "
+        "or set ESK_KAFKA__BOOTSTRAP_SERVERS to yours"
+    ), result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_read_models_that_import_what_is_not_there_are_a_one_line_error_naming_it(installed: Installed, tmp_path: Path) -> None:
     (tmp_path / "models.py").write_text("import nosuch_package_of_theirs\nREAD_MODELS = []\n")
     env = user_env(installed, ESK_READ_MODELS="models:READ_MODELS")
