@@ -17,7 +17,7 @@ from .broker import BrokerError, EmbeddedBroker
 from .kafka.client_options import KafkaAccessError, check_access
 from .kafka.topics import ensure_topics, topic_specs
 from .logs import configure_logging
-from .registry import Registry, load_registry
+from .registry import Registry, SettingMistake, load_registry
 from .schema.lock import LOCK_FILE, LockError, build_lock, read_lock, write_lock
 from .settings import Settings
 
@@ -73,7 +73,7 @@ def domain_registry(settings: Settings) -> Registry:
     when they cannot be found: the usual first mistake of a new project."""
     try:
         return load_registry(settings.domain)
-    except (LookupError, TypeError, ValueError) as error:  # their messages name the setting and what to do
+    except (LookupError, SettingMistake) as error:  # their messages name the setting and what to do
         raise fail(str(error)) from None
     except ImportError as error:  # the module exists, but something it imports does not
         raise fail(f"ESK_DOMAIN={settings.domain}: {error}") from None
@@ -230,30 +230,34 @@ def dev() -> None:
 
 
 @project_cli.command("list")
-def project_list() -> None:
+def project_list(
+    output: Annotated[str, typer.Option("--format", help="table, csv or json (a read model a line)")] = "table",
+) -> None:
     """The read models, what they read, the generation readers use, how far it has read, and
     the runs keeping them."""
-    from rich.table import Table
-
     from .projections.catalog import Tables
     from .projections.positions import Position, read_model_positions
 
+    if output not in ("table", "csv", "json"):
+        raise fail("--format must be table, csv or json")
     settings = load_settings()
     tables = Tables(settings.projections.warehouse_dir)
-    table = Table("name", "reads", "description", "current table", "reflects (topic/partition/offset)", "kept by")
+    columns = ["name", "reads", "description", "current_table", "reflects", "kept_by"]
+    rows: list[list[Any]] = []
     for model in (p.model for p in read_models(settings).values()):
         current = tables.current_generation(model.name)
         path = tables.current_path(model.name)
         positions = read_model_positions(tables, model.name) or {}
-        reflects = " ".join(Position(t, p, o).token() for (t, p), o in sorted(positions.items()))
-        keepers = "\n".join(
+        reflects = [Position(t, p, o).token() for (t, p), o in sorted(positions.items())]
+        keepers = [
             holder if generation == current else f"building g{generation}: {holder}"
             for generation, holder in tables.keepers(model.name).items()
-        )
-        table.add_row(
-            model.name, ", ".join(model.categories), model.description, str(path) if path else "not built yet", reflects, keepers or "no run"
-        )
-    console.print(table)
+        ]
+        rows.append([model.name, list(model.categories), model.description, str(path) if path else None, reflects, keepers])
+    if output != "json":  # a cell of text: lists on lines of their own, nothing said plainly
+        for row in rows:
+            row[1:] = [", ".join(row[1]), row[2], row[3] or "not built yet", " ".join(row[4]), "\n".join(row[5]) or "no run"]
+    print_rows(columns, rows, output)
 
 
 @project_cli.command("run")

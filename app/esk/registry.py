@@ -17,6 +17,11 @@ T = TypeVar("T")
 RESERVED_NAMES = frozenset({"commands", "projections"})
 
 
+class SettingMistake(TypeError, ValueError):
+    """A setting names what cannot serve: not "module:attribute", not a list of the kind it
+    must hold, a name twice. (A TypeError and a ValueError both, as these were before.)"""
+
+
 class ModuleMissing(LookupError):
     """The module a setting names is not there (as opposed to one that fails to import)."""
 
@@ -25,7 +30,7 @@ def load_object(spec: str, setting: str) -> Any:
     """The attribute `spec` names; `setting` is the variable that gave it, for the errors."""
     module_name, _, attribute = spec.partition(":")
     if not module_name or not attribute:
-        raise ValueError(f"{setting} must look like 'package.module:ATTRIBUTE', got {spec!r}")
+        raise SettingMistake(f"{setting} must look like 'package.module:ATTRIBUTE', got {spec!r}")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
@@ -59,13 +64,13 @@ def by_name(
 ) -> dict[str, T]:
     """`items` (what `spec` named) by name, each checked to be a `kind` and named once."""
     if isinstance(items, (kind, str, bytes)) or not isinstance(items, Iterable):
-        raise TypeError(f"{spec} names one {type(items).__name__}, not a list: it must name a list, each item {kind_name}")
+        raise SettingMistake(f"{spec} names one {type(items).__name__}, not a list: it must name a list, each item {kind_name}")
     found: dict[str, T] = {}
     for item in items:
         if not isinstance(item, kind):
-            raise TypeError(f"{spec} holds {item!r}, not {kind_name}")
+            raise SettingMistake(f"{spec} holds {item!r}, not {kind_name}")
         if name(item) in found:
-            raise ValueError(f"{what} {name(item)!r} is registered twice")
+            raise SettingMistake(f"{what} {name(item)!r} is registered twice")
         found[name(item)] = item
     return found
 
@@ -76,5 +81,5 @@ def load_registry(spec: str) -> Registry:
         load_object(spec, "ESK_DOMAIN"), spec, AggregateType, "an AggregateType", lambda a: a.name, "aggregate type"
     )
     for name in registry.keys() & RESERVED_NAMES:
-        raise ValueError(f"aggregate type name {name!r} is reserved by the HTTP API")
+        raise SettingMistake(f"aggregate type name {name!r} is reserved by the HTTP API")
     return registry

@@ -165,6 +165,11 @@ class ProjectionSettings(BaseModel):
     # after the switch, by the run keeping the new one: a read that chose the old one just
     # before has ended by then. `esk sql` reads the generation readers used as it started.
     old_generations_kept_s: float = Field(default=600.0, ge=0.0)
+    # A continuous run that finds the generation readers use built by another version of
+    # its read model (columns, partitioning, ReadModel.version) builds a new one from the
+    # earliest offsets, readers staying on the old one until it has caught up; false: it is
+    # refused, as a one-shot run is, until `esk project run NAME --rebuild`.
+    rebuild_changed: bool = True
 
 
 class SubscriberSettings(BaseModel):

@@ -101,6 +101,7 @@ async def test_not_found_and_unknown_names(settings: Settings) -> None:
         assert r.status_code == 404 and r.json()["code"] == "unknown_aggregate_type"
         r = await c.post("/v1/accounts/a1/transfer", json={})
         assert r.status_code == 404 and r.json()["code"] == "unknown_command"
+        assert r.json()["detail"] == "accounts has no command 'transfer'; its commands: close, deposit, open, withdraw"
         assert r.headers["content-type"] == PROBLEM
         r = await c.get(f"/v1/accounts/{new_id()}")
         assert r.status_code == 404 and r.json()["code"] == "not_found"

@@ -12,6 +12,7 @@ import pytest
 
 pytest.importorskip("pyspark")
 
+from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
@@ -105,3 +106,24 @@ def test_a_read_model_of_a_type_the_domain_does_not_register_is_refused() -> Non
     with pytest.raises(ReadModelInvalid, match=r"^it reads accounts, which ESK_DOMAIN=tests.counters:AGGREGATES does not register: "
                        r"register it there, or take it out of the ReadModel's reads$"):
         _check_reads(settings, reads_accounts)
+
+
+def test_what_the_check_cannot_plan_is_left_to_the_batches_and_spark_errors_stay_spark_errors(spark: SparkSession, tmp_path: Path) -> None:
+    written: list[str] = []
+
+    def own_write(events: DataFrame, writer: esk.BatchWriter) -> int:
+        return writer.run("own", lambda: written.append("written") or 0)
+
+    def wants_rows(events: DataFrame, writer: esk.BatchWriter) -> int:
+        first = events.first()
+        return writer.merge(_counter_rows(events).limit(first["version"]), MERGE)  # type: ignore[index]
+
+    for apply in (own_write, wants_rows):
+        _check(spark, tmp_path, _projection(apply))
+    assert written == []  # a write of its own ends the check, unmade
+    assert not (tmp_path / "never-written").exists()
+    # the check's quiet did not break PySpark's own logging of the next analysis error
+    with pytest.raises(ReadModelInvalid):
+        _check(spark, tmp_path, _projection(lambda events, writer: writer.merge(events.select("nope"), MERGE)))
+    with pytest.raises(AnalysisException, match="nope"):
+        spark.range(1).select("nope")

@@ -4,6 +4,7 @@ cleanly, and a read model that fails stopping the others and failing the process
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -204,15 +205,18 @@ def test_esk_dev_keeps_the_read_models_up_in_one_driver(settings: Settings, tmp_
         assert "error: counter_totals: generation 1 is kept by another run (pid " in beside.stderr
         assert "esk project run --all --continuous" in beside.stderr
         assert "Spark" not in beside.stdout + beside.stderr  # no driver started
-        # and `esk project list` names the run keeping each (a wide terminal: a row a line)
+        # and `esk project list` names the run keeping each, and where each has read up to
         listed = subprocess.run(
-            [sys.executable, "-m", "esk", "project", "list"],
-            env={**env, "COLUMNS": "1000"}, cwd=tmp_path, capture_output=True, text=True, timeout=60,
+            [sys.executable, "-m", "esk", "project", "list", "--format", "json"],
+            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60,
         )
         assert listed.returncode == 0, listed.stdout + listed.stderr
-        rows = {line.split("│")[1].strip(): line for line in listed.stdout.splitlines() if "counter_" in line}
+        rows = {row["name"]: row for row in map(json.loads, listed.stdout.splitlines())}
         assert set(rows) == {"counter_adds", "counter_totals"}, listed.stdout
-        assert all("pid " in row and "esk project run --all --continuous" in row for row in rows.values()), listed.stdout
+        for row in rows.values():
+            [keeper] = row["kept_by"]
+            assert keeper.startswith("pid ") and keeper.endswith("esk project run --all --continuous"), listed.stdout
+            assert row["reads"] == ["counters"] and row["reflects"] and row["current_table"].endswith(("/g1", "/g2")), listed.stdout
         os.killpg(dev.pid, signal.SIGINT)  # Ctrl-C in its terminal: every process of the group gets it
         assert dev.wait(timeout=60) == 0, log.read_text()[-4000:]
     output = log.read_text()

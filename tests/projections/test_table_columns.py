@@ -5,6 +5,8 @@ Spark: the tables are delta-rs's)."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +16,10 @@ import pytest
 deltalake = pytest.importorskip("deltalake")
 types = pytest.importorskip("pyspark.sql.types")
 
-from esk.projections.runner import ColumnsChanged, RunFailed, _table_fits  # noqa: E402
+from esk.projections.catalog import ReadModel  # noqa: E402
+from esk.projections.runner import ReadModelChanged, RunFailed, _table_fits  # noqa: E402
 
+MODEL = ReadModel("orders", (), "the orders")  # reads nothing here: only its table is looked at
 LINE = types.StructType([types.StructField("sku", types.StringType()), types.StructField("qty", types.LongType())])
 
 
@@ -45,15 +49,15 @@ CHANGED = declared(
 
 def test_the_same_columns_in_another_order_fit(tmp_path: Path) -> None:
     checkpoint = tmp_path / "checkpoint"
-    assert _table_fits(table(tmp_path / "t"), checkpoint, SAME, (), read=True)
-    assert _table_fits(tmp_path / "t", checkpoint, SAME, (), read=False)
-    assert not _table_fits(tmp_path / "none", checkpoint, SAME, (), read=True)
+    assert _table_fits(table(tmp_path / "t"), checkpoint, SAME, MODEL, read=True)
+    assert _table_fits(tmp_path / "t", checkpoint, SAME, MODEL, read=False)
+    assert not _table_fits(tmp_path / "none", checkpoint, SAME, MODEL, read=True)
 
 
 def test_a_read_generation_of_other_columns_is_refused_with_what_changed(tmp_path: Path) -> None:
     path = table(tmp_path / "t")
-    with pytest.raises(ColumnsChanged) as refused:
-        _table_fits(path, tmp_path / "checkpoint", CHANGED, (), read=True)
+    with pytest.raises(ReadModelChanged) as refused:
+        _table_fits(path, tmp_path / "checkpoint", CHANGED, MODEL, read=True)
     message = str(refused.value)
     assert "status is new" in message
     assert "total was bigint, now string" in message
@@ -61,18 +65,44 @@ def test_a_read_generation_of_other_columns_is_refused_with_what_changed(tmp_pat
     # what `esk project run` and the spark-submit job say, with the way out
     assert str(RunFailed("orders", refused.value)) == (
         f"orders: {message}: rebuild that read model alone (`esk project run orders --rebuild`, or the spark-submit job with "
-        "`orders --rebuild`), which builds a table of its new columns from the events"
+        "`orders --rebuild`), which builds its table again from the events, as a continuous run does on its own"
     )
     dropped = declared(types.StructField("order_id", types.StringType()), types.StructField("total", types.LongType()))
-    with pytest.raises(ColumnsChanged, match="lines is gone"):
-        _table_fits(path, tmp_path / "checkpoint", dropped, (), read=True)
-    with pytest.raises(ColumnsChanged, match=r"partitioned by \(\), now by \(order_id\)"):
-        _table_fits(path, tmp_path / "checkpoint", SAME, ("order_id",), read=True)
+    with pytest.raises(ReadModelChanged, match="lines is gone"):
+        _table_fits(path, tmp_path / "checkpoint", dropped, MODEL, read=True)
+    with pytest.raises(ReadModelChanged, match=r"partitioned by \(\), now by \(order_id\)"):
+        _table_fits(path, tmp_path / "checkpoint", SAME, replace(MODEL, partition_by=("order_id",)), read=True)
     assert deltalake.DeltaTable.is_deltatable(str(path))
 
 
 def test_a_generation_being_built_of_other_columns_starts_over(tmp_path: Path) -> None:
     path, checkpoint = table(tmp_path / "g2"), tmp_path / "checkpoints" / "g2"
     (checkpoint / "offsets").mkdir(parents=True)
-    assert not _table_fits(path, checkpoint, CHANGED, (), read=False)
+    assert not _table_fits(path, checkpoint, CHANGED, MODEL, read=False)
     assert not path.exists() and not checkpoint.exists()
+
+
+def test_a_table_built_by_another_version_of_the_read_model_is_one_of_other_columns(tmp_path: Path) -> None:
+    path = table(tmp_path / "t")  # written before versions were recorded: version 1
+    checkpoint = tmp_path / "checkpoint"
+    assert _table_fits(path, checkpoint, SAME, MODEL, read=True)
+    with pytest.raises(ReadModelChanged, match=r"\(version 1, now 2\)$"):
+        _table_fits(path, checkpoint, SAME, replace(MODEL, version=2), read=True)
+    _built_by(table(tmp_path / "v2"), version=2)
+    assert _table_fits(tmp_path / "v2", checkpoint, SAME, replace(MODEL, version=2), read=True)
+    with pytest.raises(ReadModelChanged, match=r"\(status is new; version 2, now 3\)$"):
+        _table_fits(tmp_path / "v2", checkpoint, declared(*SAME.fields, types.StructField("status", types.StringType())), replace(MODEL, version=3), read=True)
+    for wrong in (0, -1, True, "2"):
+        with pytest.raises(ValueError, match="a read model's version is a whole number from 1"):
+            replace(MODEL, version=wrong)
+
+
+def _built_by(path: Path, version: int) -> None:
+    """The table's first commit as Spark writes it for a read model of `version` (delta-rs
+    creates no table with a property it does not know, though it reads and writes one)."""
+    log = path / "_delta_log" / "00000000000000000000.json"
+    actions = [json.loads(line) for line in log.read_text().splitlines()]
+    for action in actions:
+        if "metaData" in action:
+            action["metaData"]["configuration"]["esk.readModel.version"] = str(version)
+    log.write_text("".join(json.dumps(action) + "\n" for action in actions))

@@ -172,11 +172,7 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
         try:
             positions = await after.reflected(name, read_model_positions)
         except Problem as problem:
-            if not_built:
-                raise not_built[0] from None
-            if problem.code == "not_caught_up" and await asyncio.to_thread(read_models.kept, name) is False:
-                problem.detail += f"; {NO_RUN}"
-            raise
+            raise await _who_keeps(name, not_built[0] if not_built else problem) from None
         rows = await _read_model(name, filters, row_limit)
         return json_response({"name": name, "rows": rows, "count": len(rows), "positions": positions_json(positions)})
 
@@ -211,6 +207,19 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
             "positions": positions_json(positions),
         })
 
+    async def _who_keeps(name: str, problem: Problem) -> Problem:
+        """A read model's 503 as it is answered, saying whether a run keeps the read model up:
+        waiting longer helps only if one does. Asked once an answer is due, not at each look
+        while a read waits: each asks the lock of the warehouse (a round trip on NFS)."""
+        if problem.code not in ("projection_not_built", "not_caught_up"):
+            return problem
+        kept = await asyncio.to_thread(read_models.kept, name)
+        if kept and problem.code == "projection_not_built":
+            problem.detail = f"{name} has not been built yet: a run is building it"
+        elif kept is False:
+            problem.detail += f"; {NO_RUN}"
+        return problem
+
     async def _read_model(name: str, filters: dict[str, str], limit: int) -> list[dict[str, Any]]:
         return await _guarded(name, lambda: read_models.read(name, filters, limit))
 
@@ -223,12 +232,8 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
         except ReadModelNotFound:
             raise Problem(404, "unknown_projection", f"no read model {name!r}") from None
         except ReadModelNotBuilt:
-            building = await asyncio.to_thread(read_models.kept, name)
             raise Problem(
-                503, "projection_not_built",
-                f"{name} has not been built yet: "
-                + ("a run is building it" if building else f"run `esk project run {name}`" + (f"; {NO_RUN}" if building is False else "")),
-                {"Retry-After": "60"},
+                503, "projection_not_built", f"{name} has not been built yet: run `esk project run {name}`", {"Retry-After": "60"}
             ) from None
         except BadFilter as error:
             raise Problem(400, "invalid_filter", str(error)) from None
@@ -239,7 +244,8 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
     async def unknown_command(type_name: str, id: str, command: str) -> Response:
         if type_name not in registry:
             raise Problem(404, "unknown_aggregate_type", f"no aggregate type {type_name!r}")
-        raise Problem(404, "unknown_command", f"{type_name} has no command {command!r}")
+        known = ", ".join(sorted(registry[type_name].commands))
+        raise Problem(404, "unknown_command", f"{type_name} has no command {command!r}; its commands: {known}")
 
     # -- state -----------------------------------------------------------------------
 

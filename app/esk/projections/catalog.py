@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -44,12 +43,18 @@ class ReadModel:
     description: str
     order_by: tuple[str, ...] = ()  # how readers get rows ("-col" = descending)
     partition_by: tuple[str, ...] = ()
+    # Raised when the rows it has written would come out otherwise from its code now (a fix,
+    # a new rule) though its columns stay: its table is then one of another version, as a
+    # table of other columns is (a continuous run builds a new one; a one-shot run refuses).
+    version: int = 1
 
     def __post_init__(self) -> None:
         # Its folder in the warehouse (beside esk's own `_checkpoints` and `_spark`), its
         # table in `esk sql`, and its URL.
         if not _READ_MODEL_NAME.fullmatch(self.name):
             raise ValueError(f"a read model's name is a letter, then letters, digits or _: not {self.name!r}")
+        if isinstance(self.version, bool) or not isinstance(self.version, int) or self.version < 1:
+            raise ValueError(f"a read model's version is a whole number from 1: not {self.version!r}")
 
     @property
     def categories(self) -> tuple[str, ...]:
@@ -207,6 +212,15 @@ class BatchWriter:
         return write(table, Transaction(app_id, self.batch_id))
 
 
+class ReadModelMistake(TypeError):
+    """A read model's code asks for what its batches cannot give: an event of another
+    aggregate type, a type it does not read, a column its table does not have."""
+
+
+class PlanEnds(Exception):
+    """A write PlanCheck does not make: the plan is checked up to it."""
+
+
 @dataclass(frozen=True)
 class PlanCheck(BatchWriter):
     """A BatchWriter that writes nothing. A read model's `apply`, given it and no events at
@@ -237,7 +251,7 @@ class PlanCheck(BatchWriter):
         self._columns_held("its Merge sets", [*spec.update, *(spec.insert or {})])
         conditions = [spec.update_if, spec.insert_if, spec.delete_if]
         expressions = [*spec.update.values(), *(spec.insert or {}).values(), *(c for c in conditions if c)]
-        # The MERGE's view of a row: `t` the table's, `s` the batch's
+        # As the MERGE resolves them: `t.` the table's columns, `s.` the batch's
         self.read().alias("t").join(source.alias("s"), F.expr(spec.on), "full").select(*map(F.expr, expressions))
         _inserted(source, spec, self.columns)
         return 0
@@ -246,10 +260,13 @@ class PlanCheck(BatchWriter):
         self._columns_held("it appends", rows.columns)
         return 0
 
+    def run(self, step: str, write: Callable[[], T]) -> T:
+        raise PlanEnds(step)
+
     def _columns_held(self, what: str, columns: Sequence[str]) -> None:
         held = self.columns.fieldNames()
         if unknown := [column for column in columns if column not in held]:
-            raise ValueError(f"{what} {', '.join(unknown)}, which its table does not have (its columns: {', '.join(held)})")
+            raise ReadModelMistake(f"{what} {', '.join(unknown)}, which its table does not have (its columns: {', '.join(held)})")
 
 
 @contextmanager
@@ -442,7 +459,7 @@ class Tables:
         """The runs keeping `name` now, by generation: the one readers use and the one a
         rebuild would build next. A continuous run waiting as a standby holds nothing."""
         current = self.current_generation(name)
-        generations = [(current or 0) + 1] if current is None else [current, current + 1]
+        generations = [1] if current is None else [current, current + 1]
         return {g: holder for g in generations if (holder := self.run_lock(name, g).holder()) is not None}
 
     def generations(self, name: str) -> list[int]:
@@ -464,7 +481,11 @@ class Tables:
             switched = (self.warehouse / name / "CURRENT").stat().st_mtime
         except FileNotFoundError:
             return []
-        if current is None or time.time() - switched < unused_for_s:
+        # "Now" by the same clock as the switch's time: the file system's (an NFS server's),
+        # which this host's may be far from
+        clock = self.warehouse / name / ".clock"
+        clock.touch()
+        if current is None or clock.stat().st_mtime - switched < unused_for_s:
             return []
         removed = []
         for generation in (g for g in self.generations(name) if g < current):

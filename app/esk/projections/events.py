@@ -39,6 +39,7 @@ from ..kafka.topics import TopicNames
 from ..protocol import EventRecord
 from ..registry import Registry, load_registry
 from ..settings import Settings
+from .catalog import ReadModelMistake
 
 
 def spark_type(annotation: Any) -> DataType:
@@ -241,7 +242,7 @@ def _read_here(aggregate_type: AggregateType[Any]) -> None:
     read = _READ.get()
     if read is not None and aggregate_type not in read[1]:
         name, reads = read
-        raise TypeError(
+        raise ReadModelMistake(
             f"{name} reads {', '.join(a.name for a in reads)}, not {aggregate_type.name}: its batches hold none of "
             f"{aggregate_type.name}'s events (add {aggregate_type.name} to its ReadModel's reads)"
         )
@@ -250,7 +251,7 @@ def _read_here(aggregate_type: AggregateType[Any]) -> None:
 def is_event(aggregate_type: AggregateType[Any], event: type[Event]) -> Column:
     """True on the rows of `event` (of `aggregate_type`: names may repeat across types)."""
     if event not in aggregate_type.events:
-        raise TypeError(f"{event.__name__} is not an event of {aggregate_type.name}")
+        raise ReadModelMistake(f"{event.__name__} is not an event of {aggregate_type.name}")
     _read_here(aggregate_type)
     return (F.col("aggregate_type") == aggregate_type.name) & (F.col("type") == event.type_name())
 

@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -26,7 +27,7 @@ from typing import Any, NamedTuple
 
 from delta.tables import DeltaTable
 from py4j.protocol import Py4JJavaError
-from pyspark.errors import PySparkException
+from pyspark.errors import AnalysisException
 from pyspark.errors.exceptions.captured import CapturedException
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -37,7 +38,7 @@ from rich.console import Console
 
 from ..registry import load_registry
 from ..settings import Settings
-from .catalog import BatchWriter, PlanCheck, Projection, Tables, session_conf
+from .catalog import BatchWriter, PlanCheck, Projection, ReadModel, ReadModelMistake, Tables, session_conf
 from .events import decode, event_stream, no_events, older_version, reading, upcast
 from .run_lock import GRACE_S, GenerationBusy, GenerationLock
 from .session import spark_session
@@ -115,7 +116,12 @@ def run(
     _check_reads(settings, projection)
     tables = Tables(settings.projections.warehouse_dir)
     if held is None:
-        held = hold_generation(tables, name, rebuild, _Waiting(stop, console) if continuous and not rebuild else None)
+        waiting = _Waiting(stop, console) if continuous and not rebuild else None
+        changed = None
+        if waiting is not None and settings.projections.rebuild_changed:
+            spark = spark or _driver_session(settings, f"esk-project-{name}")
+            changed = partial(_built_otherwise, spark, tables, projection, console)
+        held = hold_generation(tables, name, rebuild, waiting, changed)
     if held is None:  # asked to stop while it waited
         return RunSummary(name, tables.current_generation(name) or 0, standby=True)
     with held.lock:
@@ -135,15 +141,19 @@ def run(
     return following
 
 
-def hold_generation(tables: Tables, name: str, rebuild: bool, waiting: _Waiting | None = None) -> Held | None:
-    """The generation a run keeps, locked: the one readers use, or a new one (`rebuild`, or
-    the first). While another run holds it, a run is refused (GenerationBusy), or, given
+def hold_generation(
+    tables: Tables, name: str, rebuild: bool, waiting: _Waiting | None = None, changed: Callable[[int], bool] | None = None
+) -> Held | None:
+    """The generation a run keeps, locked: the one readers use, or a new one (`rebuild`, the
+    first, or when `changed` says the one readers use was built by another version of the
+    read model). While another run holds it, a run is refused (GenerationBusy), or, given
     `waiting` (a continuous run's), waits. Readers may move meanwhile (a rebuild elsewhere
     switching them): then it chooses again, from where they are. None: a stop was asked
     while it waited."""
     while True:
         current = tables.current_generation(name)
-        lock = tables.run_lock(name, (current or 0) + 1 if rebuild or current is None else current)
+        kept = None if rebuild or current is None or (changed is not None and changed(current)) else current
+        lock = tables.run_lock(name, (current or 0) + 1 if kept is None else kept)
         if waiting is None:
             lock.acquire(GRACE_S)
         elif not waiting.take(lock, partial(_moved, tables, name, current)):
@@ -157,6 +167,27 @@ def hold_generation(tables: Tables, name: str, rebuild: bool, waiting: _Waiting 
             lock.release()
             raise
         lock.release()
+
+
+def _built_otherwise(spark: SparkSession, tables: Tables, projection: Projection, console: Console, generation: int) -> bool:
+    """Whether `generation` was built by another version of the read model (other columns,
+    partitioning or version): a continuous run then builds a new one from the earliest
+    offsets, as `--rebuild` does, where a one-shot run is refused."""
+    from deltalake import DeltaTable as DeltaRs
+
+    model = projection.model
+    path = tables.path(model.name, generation)
+    if not DeltaRs.is_deltatable(str(path)):  # nothing built yet to differ
+        return False
+    changes = _changes(path, spark.createDataFrame([], projection.columns).schema, model)
+    if not changes:
+        return False
+    console.print(
+        f"{model.name}: generation {generation} was built by another version of the read model ({'; '.join(changes)}): "
+        f"building generation {generation + 1} from the earliest offsets; readers stay on {generation} until it has caught up",
+        highlight=False,
+    )
+    return True
 
 
 def _moved(tables: Tables, name: str, current: int | None) -> bool:
@@ -219,7 +250,7 @@ def _keep(
         spark.conf.set(key, value)
     path = tables.path(name, generation)
     schema = spark.createDataFrame([], projection.columns).schema
-    _create_table(spark, path, tables.checkpoint(name, generation), schema, projection.model.partition_by, not held.building)
+    _create_table(spark, path, tables.checkpoint(name, generation), schema, projection.model, not held.building)
     app_id = f"esk.{settings.app}.{name}.g{generation}"
     _check_plan(spark, projection, app_id, path, schema)
     categories = projection.model.categories
@@ -303,11 +334,13 @@ def _keep(
         tables.switch(name, generation)  # caught up: readers move over now, never earlier
         console.print(f"{name}: readers now use generation {generation} ({path})", highlight=False)
     kept_s = settings.projections.old_generations_kept_s
-    _retire(tables, name, kept_s, console)
+    if not continuous:
+        _retire(tables, name, kept_s, console)
     if continuous and not stop.asked.is_set():
         query = writer().trigger(processingTime=f"{settings.projections.trigger_interval_s} seconds").start()
         report_every_s = max(LAG_REPORT_EVERY_S, round(settings.projections.trigger_interval_s * 2))
         reported = vacuumed = retired = time.monotonic()
+        retiring = _retire_beside(tables, name, kept_s, console)
         try:
             while _await(query, stop):
                 if moved_on():
@@ -323,8 +356,8 @@ def _keep(
                     # Delta lets a VACUUM run alongside writes.
                     _vacuum(str(path))
                     vacuumed = time.monotonic()
-                if time.monotonic() - retired > RETIRE_EVERY_S:
-                    _retire(tables, name, kept_s, console)
+                if time.monotonic() - retired > RETIRE_EVERY_S and not retiring.is_alive():
+                    retiring = _retire_beside(tables, name, kept_s, console)
                     retired = time.monotonic()
         except KeyboardInterrupt:  # a caller's Ctrl-C (the CLI's signals only ask)
             pass
@@ -341,10 +374,11 @@ class RunFailed(Exception):
     def __init__(self, name: str, error: BaseException, others: Sequence[RunSummary] = ()) -> None:
         if isinstance(error, (GenerationBusy, ReadModelInvalid)):
             message = f"{name}: {error}"
-        elif isinstance(error, ColumnsChanged):
+        elif isinstance(error, ReadModelChanged):
             message = (
                 f"{name}: {error}: rebuild that read model alone (`esk project run {name} --rebuild`, or the "
-                f"spark-submit job with `{name} --rebuild`), which builds a table of its new columns from the events"
+                f"spark-submit job with `{name} --rebuild`), which builds its table again from the events, "
+                "as a continuous run does on its own"
             )
         else:
             message = f"{name} failed: {error}"
@@ -485,74 +519,101 @@ def _check_reads(settings: Settings, projection: Projection) -> None:
 def _check_plan(spark: SparkSession, projection: Projection, app_id: str, path: Path, schema: StructType) -> None:
     """The read model's `apply` over no events, with a writer that writes nothing
     (PlanCheck): Spark analyses what it builds, so its mistakes are told now, in a line,
-    rather than at its first batch with events, inside the streaming query's error."""
+    rather than at its first batch with events, inside the streaming query's error. What
+    else fails over no events is left to the batches: the runner never gives `apply` an
+    empty batch, so code that assumes rows is no mistake."""
+    _quiet_while_planning()
+    token = _PLANNING.set(True)
     try:
-        with reading(projection.model.name, projection.model.reads), _quiet(*SPARK_ERROR_LOGGERS):
+        with reading(projection.model.name, projection.model.reads):
             projection.apply(no_events(spark), PlanCheck(spark, app_id, -1, str(path), schema=schema))
-    except (PySparkException, TypeError, ValueError, LookupError, AttributeError) as error:
-        told = (error.getMessage() if isinstance(error, PySparkException) else str(error)).strip()
+    except (AnalysisException, ReadModelMistake) as error:
+        told = (error.getMessage() if isinstance(error, AnalysisException) else str(error)).strip()
         # Spark's message, without its SQL state and the plan it prints after
         first = re.sub(r"\s*SQLSTATE: \w+.*", "", told.splitlines()[0]) if told else type(error).__name__
         raise ReadModelInvalid(f"its apply fails on a batch: {first}") from error
+    except Exception:  # PlanEnds (a write of its own), or code that wants rows: left to the batches
+        pass
+    finally:
+        _PLANNING.reset(token)
 
 
 # PySpark logs each analysis error it raises, plan and Java stack included, under these
-# loggers, before the caller has seen it: a mistake _check_plan tells in a line.
+# loggers, before the caller has seen it: a mistake _check_plan tells in a line. Dropped by a
+# filter on the checking thread's context, not by disabling the loggers, which each read
+# model's thread would then turn on and off under the others.
 SPARK_ERROR_LOGGERS = ("SQLQueryContextLogger", "DataFrameQueryContextLogger")
+_PLANNING: ContextVar[bool] = ContextVar("esk_planning", default=False)
 
 
-@contextmanager
-def _quiet(*names: str) -> Iterator[None]:
-    loggers = [logging.getLogger(name) for name in names]
-    before = [logger.disabled for logger in loggers]
-    for logger in loggers:
-        logger.disabled = True
-    try:
-        yield
-    finally:
-        for logger, disabled in zip(loggers, before, strict=True):
-            logger.disabled = disabled
+def _not_planning(record: logging.LogRecord) -> bool:
+    return not _PLANNING.get()
 
 
-class ColumnsChanged(Exception):
-    """The read model declares other columns (or partitioning) than its table has: a
-    batch's rows would not fit it, and the rows already there were computed by another
-    version of the read model."""
+def _quiet_while_planning() -> None:
+    from pyspark.logger import PySparkLogger
+
+    for name in SPARK_ERROR_LOGGERS:
+        # PySpark's own logger class: it logs with keywords a plain Logger refuses
+        logger = PySparkLogger.getLogger(name)
+        if _not_planning not in logger.filters:
+            logger.addFilter(_not_planning)
+
+
+class ReadModelChanged(Exception):
+    """The read model declares other columns (or partitioning, or another version) than its
+    table was built with: a batch's rows would not fit it, or the rows already there were
+    computed by another version of the read model."""
+
+
+# The table property that records the ReadModel.version a table was built by (none: 1).
+VERSION_PROPERTY = "esk.readModel.version"
 
 
 def _create_table(
-    spark: SparkSession, path: Path, checkpoint: Path, schema: StructType, partition_by: tuple[str, ...], read: bool
+    spark: SparkSession, path: Path, checkpoint: Path, schema: StructType, model: ReadModel, read: bool
 ) -> None:
     """The generation's table, unless it is there as the read model declares it."""
-    if _table_fits(path, checkpoint, schema, partition_by, read):
+    if _table_fits(path, checkpoint, schema, model, read):
         return
     builder = DeltaTable.createIfNotExists(spark).location(str(path)).addColumns(schema)
-    for key, value in TABLE_PROPERTIES.items():
+    for key, value in {**TABLE_PROPERTIES, VERSION_PROPERTY: str(model.version)}.items():
         builder = builder.property(key, value)
-    if partition_by:
-        builder = builder.partitionedBy(*partition_by)
+    if model.partition_by:
+        builder = builder.partitionedBy(*model.partition_by)
     builder.execute()
 
 
-def _table_fits(path: Path, checkpoint: Path, schema: StructType, partition_by: tuple[str, ...], read: bool) -> bool:
+def _table_fits(path: Path, checkpoint: Path, schema: StructType, model: ReadModel, read: bool) -> bool:
     """Whether the table is there as the read model declares it. When it is there as
     another: a generation readers use (`read`) is refused, naming the changes; one still
     being built (a first run or a rebuild that stopped before readers moved to it) is
-    removed, checkpoint and all, to start over. (Checked with delta-rs: Spark's check
-    rebuilds the table's snapshot, seconds of a one-shot run on a big table.)"""
-    from deltalake import DeltaTable as DeltaRs
-
-    if not DeltaRs.is_deltatable(str(path)):
+    removed, checkpoint and all, to start over."""
+    changes = _changes(path, schema, model)
+    if changes is None:
         return False
-    table = DeltaRs(str(path))
-    changes = table_changes(json.loads(table.schema().to_json()), table.metadata().partition_columns, schema, partition_by)
     if not changes:
         return True
     if read:
-        raise ColumnsChanged(f"the table at {path} is not what the read model declares ({'; '.join(changes)})")
+        raise ReadModelChanged(f"the table at {path} is not what the read model declares ({'; '.join(changes)})")
     shutil.rmtree(path)
     shutil.rmtree(checkpoint, ignore_errors=True)
     return False
+
+
+def _changes(path: Path, schema: StructType, model: ReadModel) -> list[str] | None:
+    """How the table at `path` differs from what `model` declares (its columns `schema`);
+    None when there is no table. (Read with delta-rs: Spark would rebuild the table's
+    snapshot, seconds of a one-shot run on a big table.)"""
+    from deltalake import DeltaTable as DeltaRs
+
+    if not DeltaRs.is_deltatable(str(path)):
+        return None
+    table = DeltaRs(str(path))
+    metadata = table.metadata()
+    changes = table_changes(json.loads(table.schema().to_json()), metadata.partition_columns, schema, model.partition_by)
+    built_by = int(metadata.configuration.get(VERSION_PROPERTY, "1"))
+    return changes + ([f"version {built_by}, now {model.version}"] if built_by != model.version else [])
 
 
 def table_changes(
@@ -747,6 +808,14 @@ def _retire(tables: Tables, name: str, kept_s: float, console: Console) -> None:
         return
     if removed:
         console.print(f"{name}: removed generation(s) {', '.join(map(str, removed))}, which readers left", highlight=False)
+
+
+def _retire_beside(tables: Tables, name: str, kept_s: float, console: Console) -> threading.Thread:
+    """`_retire` in a thread of its own, beside a continuous run's loop: removing a big
+    table from a network share can take minutes, in which the loop would not see a stop."""
+    thread = threading.Thread(target=_retire, args=(tables, name, kept_s, console), name=f"esk-retire-{name}", daemon=True)
+    thread.start()
+    return thread
 
 
 def _compact(path: str) -> None:

@@ -1,0 +1,100 @@
+"""A read model whose code changed (its columns, or its ReadModel.version raised for a fix)
+against a table built by the older code: a one-shot run is refused, naming the change; a
+continuous run builds a new generation from the events while readers keep the old one, then
+switches them and keeps the new one up; the old one goes once readers have left it."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import threading
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pyspark")
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from rich.console import Console
+
+import esk
+from esk.projections.catalog import Tables
+from esk.projections.reader import ReadModelRows
+from esk.projections.runner import ReadModelChanged, StopRequest, run
+from esk.settings import Settings
+from tests.counters import Added, counters
+from tests.projections.test_read_your_writes import USER_READ_MODELS
+from tests.system import system, wait_for
+
+pytestmark = [pytest.mark.kafka, pytest.mark.spark]
+
+[TOTALS] = USER_READ_MODELS
+NAME = TOTALS.model.name
+
+
+def _tenfold_totals(events: DataFrame, writer: esk.BatchWriter) -> int:
+    """The read model's version 2: its totals counted otherwise, in the same columns."""
+    rows = (
+        events.filter(esk.of(counters))
+        .groupBy(F.col("aggregate_id").alias("counter_id"))
+        .agg(F.sum(F.coalesce(esk.payload(counters, Added)["n"] * 10, F.lit(0))).alias("total"), F.max("version").alias("version"))
+    )
+    return writer.merge(
+        rows,
+        esk.Merge(on="t.counter_id = s.counter_id", update={"total": "t.total + s.total", "version": "s.version"}, update_if="s.version > t.version"),
+    )
+
+
+VERSION_2 = esk.Projection(replace(TOTALS.model, version=2), TOTALS.columns, _tenfold_totals)
+
+
+async def test_a_changed_read_model_is_refused_one_shot_and_built_again_by_a_continuous_run(
+    settings: Settings, spark: SparkSession, tmp_path: Path
+) -> None:
+    settings = settings.model_copy(
+        update={
+            "domain": "tests.counters:AGGREGATES",
+            "read_models": "tests.projections.test_read_your_writes:USER_READ_MODELS",  # for the rows' reader
+            "projections": settings.projections.model_copy(update={"warehouse_dir": tmp_path / "warehouse", "old_generations_kept_s": 0}),
+        }
+    )
+    tables = Tables(settings.projections.warehouse_dir)
+    rows = ReadModelRows(settings)
+    async with system(settings) as s:
+        for command, body in (("start", {}), ("add", {"n": 2})):
+            assert (await s.client.post(f"/v1/counters/c1/{command}", json=body)).status_code == 200
+        await asyncio.to_thread(run, settings, TOTALS, spark=spark)
+        assert tables.current_generation(NAME) == 1
+
+        with pytest.raises(ReadModelChanged, match=r"is not what the read model declares \(version 1, now 2\)$"):
+            await asyncio.to_thread(run, settings, VERSION_2, spark=spark)
+        assert tables.current_generation(NAME) == 1
+
+        said = io.StringIO()
+        stop = StopRequest()
+        continuous = threading.Thread(
+            target=run, args=(settings, VERSION_2, True), kwargs={"spark": spark, "stop": stop, "console": Console(file=said, soft_wrap=True)}
+        )
+        continuous.start()
+        try:
+            await wait_for(lambda: tables.current_generation(NAME) == 2, timeout_s=300, what="readers switched to generation 2")
+            assert rows.read(NAME, {"counter_id": "c1"}, limit=10) == [{"counter_id": "c1", "total": 20, "version": 2}]
+            # kept up from then on
+            assert (await s.client.post("/v1/counters/c1/add", json={"n": 1})).status_code == 200
+            await wait_for(
+                lambda: rows.read(NAME, {"counter_id": "c1"}, limit=10) == [{"counter_id": "c1", "total": 30, "version": 3}],
+                timeout_s=120, what="the next command in generation 2",
+            )
+        finally:
+            stop.asked.set()
+            await asyncio.to_thread(continuous.join, 120)
+        assert not continuous.is_alive()
+    output = said.getvalue()
+    assert (
+        f"{NAME}: generation 1 was built by another version of the read model (version 1, now 2): building generation 2 "
+        "from the earliest offsets; readers stay on 1 until it has caught up"
+    ) in output
+    assert f"{NAME}: removed generation(s) 1, which readers left" in output
+    assert tables.generations(NAME) == [2]
