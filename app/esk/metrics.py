@@ -68,6 +68,12 @@ READ_MODEL_POSITION = Gauge(
     "esk_read_model_position", "The offset up to which a read model's current table reflects an events partition (read-your-writes)",
     ["read_model", "topic", "partition"],
 )
+READ_MODEL_LAG = Gauge(
+    "esk_read_model_lag",
+    "Events of an events partition that a read model's current table does not reflect yet: this API instance's history "
+    "index's position there minus the read model's (reported once the index has caught up; none without it)",
+    ["read_model", "topic", "partition"],
+)
 HISTORY_POSITION = Gauge(
     "esk_history_position",
     "The offset up to which this API instance's history index reflects an events partition (GET /v1/{type}/{id}/events)",

@@ -9,6 +9,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 pyspark = pytest.importorskip("pyspark")
 
@@ -68,6 +69,15 @@ async def test_a_read_after_a_commands_position_shows_that_command(settings: Set
         # without `after` the same read answers at once, with the rows as they are
         r = await s.client.get(url, params={"account_id": "ryw-1"})
         assert [row["balance"] for row in r.json()["rows"]] == [0]
+        # and /metrics says how far it has read, and that it is behind (once the API's
+        # history index, its measure of the events there are, has read the deposit)
+        deposit = deposited.json()["position"]
+        at = {"read_model": BALANCES.model.name, "topic": deposit["topic"], "partition": str(deposit["partition"])}
+        history = await s.client.get("/v1/accounts/ryw-1/events", params={"after": token, "wait_ms": 30_000})
+        assert history.status_code == 200, history.text
+        metrics = (await s.client.get("/metrics")).text
+        assert _sample(metrics, "esk_read_model_position", at) < deposit["offset"] <= _sample(metrics, "esk_history_position", at)
+        assert _sample(metrics, "esk_read_model_lag", at) >= 1
 
         # a read that waits while the read model catches up answers once it has
         waiting = asyncio.create_task(s.client.get(url, params={"account_id": "ryw-1", "after": token, "wait_ms": 120_000}, timeout=150))
@@ -80,6 +90,18 @@ async def test_a_read_after_a_commands_position_shows_that_command(settings: Set
         reflected = {(p["topic"], p["partition"]): p["offset"] for p in r.json()["positions"]}
         position = deposited.json()["position"]
         assert reflected[position["topic"], position["partition"]] >= position["offset"]
+        metrics = (await s.client.get("/metrics")).text
+        assert _sample(metrics, "esk_read_model_position", at) >= deposit["offset"]
+        assert _sample(metrics, "esk_read_model_lag", at) == 0
+
+
+def _sample(metrics: str, name: str, labels: dict[str, str]) -> float:
+    """The value of `name` whose labels include `labels` (those it has) in Prometheus's text format."""
+    for family in text_string_to_metric_families(metrics):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k, v) == v for k, v in labels.items()):
+                return sample.value
+    raise AssertionError(f"no {name} {labels} in /metrics")
 
 
 # -- a new user's read model ----------------------------------------------------------

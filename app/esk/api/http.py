@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
 from ..kafka.topics import TopicNames
-from ..metrics import READ_MODEL_POSITION
+from ..metrics import READ_MODEL_LAG, READ_MODEL_POSITION
 from ..projections.positions import Positions
 from ..projections.positions import as_json as positions_json
 from ..projections.reader import BadFilter, ReadModelNotBuilt, ReadModelNotFound, ReadModelRows
@@ -290,19 +290,28 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
     def _read_model_positions() -> None:
-        """How far each read model has read, as of this scrape (from its checkpoint's files)."""
+        """How far each read model has read, as of this scrape (from its checkpoint's files),
+        and how far behind the events topics it is, by the history index's positions: what
+        an alert on a read model that stopped keeping up needs."""
         try:
-            names = read_models.names()
+            read_model_names = read_models.names()
         except Exception as error:  # read models not servable here: /v1/projections says why
             log.debug("read model positions left out of /metrics: %r", error)
             return
-        for name in names:
+        heads = history.positions() if history is not None and history.ready.is_set() else None
+        for name in read_model_names:
             try:
                 positions = read_models.positions(name)
             except ReadModelNotBuilt:
-                continue
+                positions = {}  # behind by every event there is
             for (topic, partition), offset in positions.items():
                 READ_MODEL_POSITION.labels(name, topic, str(partition)).set(offset)
+            if heads is None:
+                continue
+            topics = {names.events(category) for category in read_models.model(name).categories}
+            for (topic, partition), head in heads.items():
+                if topic in topics:
+                    READ_MODEL_LAG.labels(name, topic, str(partition)).set(max(head - positions.get((topic, partition), 0), 0))
 
     asyncapi = asyncapi_document(settings, registry)  # fixed for the process, like the registry
 
