@@ -25,7 +25,7 @@ from esk.projections.reader import ReadModelRows
 from esk.projections.runner import ReadModelChanged, StopRequest, run
 from esk.settings import Settings
 from tests.counters import Added, counters
-from tests.projections.test_read_your_writes import USER_READ_MODELS
+from tests.projections.test_read_your_writes import USER_READ_MODELS, users_settings
 from tests.system import system, wait_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
@@ -53,13 +53,7 @@ VERSION_2 = esk.Projection(replace(TOTALS.model, version=2), TOTALS.columns, _te
 async def test_a_changed_read_model_is_refused_one_shot_and_built_again_by_a_continuous_run(
     settings: Settings, spark: SparkSession, tmp_path: Path
 ) -> None:
-    settings = settings.model_copy(
-        update={
-            "domain": "tests.counters:AGGREGATES",
-            "read_models": "tests.projections.test_read_your_writes:USER_READ_MODELS",  # for the rows' reader
-            "projections": settings.projections.model_copy(update={"warehouse_dir": tmp_path / "warehouse", "old_generations_kept_s": 0}),
-        }
-    )
+    settings = users_settings(settings, tmp_path, old_generations_kept_s=0)
     tables = Tables(settings.projections.warehouse_dir)
     rows = ReadModelRows(settings)
     async with system(settings) as s:

@@ -133,17 +133,22 @@ USER_READ_MODELS = [
 ]
 
 
-async def test_a_users_own_read_model_runs_continuously_and_shows_a_commands_row(
-    settings: Settings, spark: SparkSession, tmp_path: Path
-) -> None:
-    settings = settings.model_copy(
+def users_settings(settings: Settings, tmp_path: Path, **projections: object) -> Settings:
+    """`settings` for the counters and USER_READ_MODELS, their warehouse in `tmp_path`."""
+    return settings.model_copy(
         update={
             "domain": "tests.counters:AGGREGATES",
             "read_models": f"{__name__}:USER_READ_MODELS",
-            "projections": settings.projections.model_copy(update={"warehouse_dir": tmp_path / "warehouse"}),
+            "projections": settings.projections.model_copy(update={"warehouse_dir": tmp_path / "warehouse", **projections}),
             "api": settings.api.model_copy(update={"read_wait_max_s": 120}),  # a Spark run on a busy machine
         }
     )
+
+
+async def test_a_users_own_read_model_runs_continuously_and_shows_a_commands_row(
+    settings: Settings, spark: SparkSession, tmp_path: Path
+) -> None:
+    settings = users_settings(settings, tmp_path)
     [totals] = USER_READ_MODELS
     tables = Tables(settings.projections.warehouse_dir)
     async with system(settings) as s:
