@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from aiokafka.errors import KafkaConnectionError
 from rich.console import Console
 from rich.markup import escape
 
@@ -17,7 +16,7 @@ from .broker import BrokerError, EmbeddedBroker
 from .kafka.client_options import KafkaAccessError, check_access
 from .kafka.topics import ensure_topics, topic_specs
 from .logs import configure_logging
-from .registry import Registry, SettingMistake, load_registry
+from .registry import ImportFailed, Registry, SettingMistake, load_registry
 from .schema.lock import LOCK_FILE, LockError, build_lock, read_lock, write_lock
 from .settings import Settings
 
@@ -73,19 +72,25 @@ def domain_registry(settings: Settings) -> Registry:
     when they cannot be found: the usual first mistake of a new project."""
     try:
         return load_registry(settings.domain)
-    except (LookupError, SettingMistake) as error:  # their messages name the setting and what to do
+    except (LookupError, SettingMistake, ImportFailed) as error:  # their messages name the setting and what to do
         raise fail(str(error)) from None
     except ImportError as error:  # the module exists, but something it imports does not
         raise fail(f"ESK_DOMAIN={settings.domain}: {error}") from None
 
 
-def require_kafka_access(settings: Settings) -> None:
+def require_kafka_access(settings: Settings, needed_by: str | None = None) -> None:
     """A broker that refuses esk's clients (TLS, SASL) is a one-line error before any of
-    them starts: theirs would be "Unable to bootstrap", with the reason only in a log line."""
+    them starts: theirs would be "Unable to bootstrap", with the reason only in a log line.
+    Given `needed_by` (what cannot wait for one), so is a broker that does not answer."""
     try:
-        asyncio.run(check_access(settings))
+        answered = asyncio.run(check_access(settings))
     except KafkaAccessError as error:
         raise fail(str(error)) from None
+    if needed_by and not answered:
+        raise fail(
+            f"no Kafka broker answered at {settings.bootstrap_servers}, which {needed_by} needs: start one "
+            "(`esk broker start`; `esk dev` starts its own), or set ESK_KAFKA__BOOTSTRAP_SERVERS to yours"
+        )
 
 
 PortOption = Annotated[int | None, typer.Option("--port", help="Broker port (ESK_BROKER__PORT).")]
@@ -132,14 +137,8 @@ def topics_init(
 
 def init_topics(settings: Settings) -> None:
     registry = domain_registry(settings)
-    require_kafka_access(settings)
-    try:
-        report = asyncio.run(ensure_topics(settings, topic_specs(settings, registry)))
-    except KafkaConnectionError:
-        raise fail(
-            f"no Kafka broker answered at {settings.bootstrap_servers}: start one (`esk broker start`; "
-            "`esk dev` starts its own), or set ESK_KAFKA__BOOTSTRAP_SERVERS to yours"
-        ) from None
+    require_kafka_access(settings, "`esk topics init`")
+    report = asyncio.run(ensure_topics(settings, topic_specs(settings, registry)))
     for name in report.created:
         console.print(f"created  {name}")
     for name in report.ok:
@@ -277,7 +276,9 @@ def project_run(
         chosen = select_read_models(projections, names or [], every)
     except ValueError as error:
         raise fail(str(error)) from None
-    require_kafka_access(settings)
+    # A continuous run waits for a broker away, as every long-running process does; a
+    # one-shot run would wait as long, Spark's Kafka source retrying without end.
+    require_kafka_access(settings, None if continuous else "a run that is not --continuous")
     try:
         code = run_and_report(settings, chosen, continuous, rebuild, console, stop_on_signals(console))
     except RunFailed as failed:
@@ -333,21 +334,16 @@ def _module_there(name: str) -> bool:
         return False
 
 
-# What `pip install 'esk[spark]'` brings (pyproject.toml), by the name a module imports it by.
-SPARK_EXTRA = frozenset({"pyspark", "delta", "deltalake", "pyarrow"})
-
-
 def read_models(settings: Settings) -> dict[str, Projection]:
     """The user's read models (ESK_READ_MODELS), or a one-line error."""
-    from .projections.catalog import configured_read_models
+    from .projections.catalog import configured_read_models, needs_spark_extra
 
     try:
         return configured_read_models(settings)
-    except (LookupError, TypeError, ValueError) as error:  # their messages name the setting
+    except (LookupError, TypeError, ValueError, ImportFailed) as error:  # their messages name the setting
         raise fail(str(error)) from None
     except ImportError as error:
-        missing = error.name.partition(".")[0] if isinstance(error, ModuleNotFoundError) and error.name else None
-        hint = " (the read models need the spark extra: pip install 'esk[spark]')" if missing in SPARK_EXTRA else ""
+        hint = " (the read models need the spark extra: pip install 'esk[spark]')" if needs_spark_extra(error) else ""
         raise fail(f"ESK_READ_MODELS={settings.read_models}: {error}{hint}") from None
 
 
@@ -462,7 +458,7 @@ def configured_subscriptions(settings: Settings) -> dict[str, AnySubscription]:
 
     try:
         return configured(settings)
-    except (LookupError, TypeError, ValueError) as error:  # their messages name the setting
+    except (LookupError, TypeError, ValueError, ImportFailed) as error:  # their messages name the setting
         raise fail(str(error)) from None
     except ImportError as error:
         raise fail(f"ESK_SUBSCRIPTIONS={settings.subscriptions}: {error}") from None

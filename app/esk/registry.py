@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import traceback
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
@@ -26,6 +27,11 @@ class ModuleMissing(LookupError):
     """The module a setting names is not there (as opposed to one that fails to import)."""
 
 
+class ImportFailed(Exception):
+    """The module a setting names raised as it was imported: a mistake in the user's code,
+    told in a line with where it happened, not a traceback through esk's loader."""
+
+
 def load_object(spec: str, setting: str) -> Any:
     """The attribute `spec` names; `setting` is the variable that gave it, for the errors."""
     module_name, _, attribute = spec.partition(":")
@@ -42,10 +48,24 @@ def load_object(spec: str, setting: str) -> Any:
             f"{setting}={spec}: no module {module_name!r} in {os.getcwd()} or on the Python path; "
             f"set {setting} to where yours are"
         ) from None
+    except ImportError:
+        raise  # told with what is missing by those who load
+    except Exception as error:
+        raise ImportFailed(f"{setting}={spec}: importing {module_name} failed {_where(error)}: {type(error).__name__}: {error}") from error
     try:
         return getattr(module, attribute)
     except AttributeError:
         raise LookupError(f"{setting}={spec}: module {module_name!r} has no {attribute!r}") from None
+
+
+def _where(error: BaseException) -> str:
+    """Where in the user's code `error` was raised: the innermost frame of a file under the
+    working directory that is not an installed package's, else the innermost of all."""
+    frames = traceback.extract_tb(error.__traceback__)
+    here = os.getcwd()
+    theirs = [f for f in frames if f.filename.startswith(here) and "site-packages" not in f.filename]
+    frame = (theirs or frames)[-1] if frames else None
+    return f"at {frame.filename}:{frame.lineno}" if frame else "as it was imported"
 
 
 def load_optional(spec: str, set_explicitly: bool, load: Callable[[str], dict[str, T]]) -> dict[str, T]:

@@ -250,15 +250,23 @@ async def test_openapi_health_and_metrics(settings: Settings) -> None:
         assert (await c.get("/docs")).status_code == 200
 
 
-async def test_a_read_models_setting_that_names_nothing_is_a_problem_not_a_crash(settings: Settings) -> None:
-    """ESK_READ_MODELS set to a module that is not there: reads of read models answer 503
-    with the reason (G8), and the rest of the API serves as ever."""
-    broken = settings.model_copy(update={"read_models": "no_such_module:READ_MODELS"})
+@pytest.mark.parametrize(
+    ("read_models", "reason"),
+    [
+        ("no_such_module:READ_MODELS", "no module 'no_such_module'"),
+        ("tests.api.broken_read_models:READ_MODELS", "broken_read_models.py:4: RuntimeError: a bug in the user's read models module"),
+    ],
+    ids=["not there", "raises as it is imported"],
+)
+async def test_a_read_models_setting_that_names_nothing_is_a_problem_not_a_crash(settings: Settings, read_models: str, reason: str) -> None:
+    """ESK_READ_MODELS set to a module that is not there, or fails as it is imported: reads
+    of read models answer 503 with the reason (G8), and the rest of the API serves as ever."""
+    broken = settings.model_copy(update={"read_models": read_models})
     assert "read_models" in broken.model_fields_set
     async with system(broken) as s:
         r = await s.client.get("/v1/projections/anything")
-        assert r.status_code == 503 and r.json()["code"] == "read_models_misconfigured"
-        assert "no_such_module" in r.json()["detail"]
+        assert r.status_code == 503 and r.json()["code"] == "read_models_misconfigured", r.text
+        assert reason in r.json()["detail"]
         await open_account(s.client, new_id())
 
 

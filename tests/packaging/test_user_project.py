@@ -225,19 +225,30 @@ def test_topics_init_without_a_broker_is_a_one_line_error(installed: Installed, 
     assert result.returncode == 1, result.stderr
     # the error, after the one warning esk's log gives of a broker it cannot reach
     assert result.stderr.strip().splitlines()[-1] == (
-        f"error: no Kafka broker answered at {address}: start one (`esk broker start`; `esk dev` starts its own), "
-        "or set ESK_KAFKA__BOOTSTRAP_SERVERS to yours"
+        f"error: no Kafka broker answered at {address}, which `esk topics init` needs: start one (`esk broker start`; "
+        "`esk dev` starts its own), or set ESK_KAFKA__BOOTSTRAP_SERVERS to yours"
     ), result.stderr
     assert "Traceback" not in result.stderr
 
 
-def test_read_models_that_import_what_is_not_there_are_a_one_line_error_naming_it(installed: Installed, tmp_path: Path) -> None:
-    (tmp_path / "models.py").write_text("import nosuch_package_of_theirs\nREAD_MODELS = []\n")
+@pytest.mark.parametrize(
+    ("module", "error"),
+    [
+        # not esk's spark extra (what the hint would say were it pyspark or delta-rs): theirs
+        ("import nosuch_package_of_theirs\n", "No module named 'nosuch_package_of_theirs'"),
+        ("import os\nraise RuntimeError('a bug of theirs')\n", "importing models failed at {path}:2: RuntimeError: a bug of theirs"),
+    ],
+    ids=["a package that is not there", "a module that raises"],
+)
+def test_read_models_that_fail_to_import_are_a_one_line_error_naming_why(
+    installed: Installed, tmp_path: Path, module: str, error: str
+) -> None:
+    (tmp_path / "models.py").write_text(module + "READ_MODELS = []\n")
     env = user_env(installed, ESK_READ_MODELS="models:READ_MODELS")
     result = subprocess.run([PYTHON, "-m", "esk", "project", "list"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 1, result.stderr
-    # not esk's spark extra (what the hint would say were it pyspark or delta-rs): theirs
-    assert result.stderr.strip().splitlines() == ["error: ESK_READ_MODELS=models:READ_MODELS: No module named 'nosuch_package_of_theirs'"]
+    told = error.format(path=tmp_path / "models.py")
+    assert result.stderr.strip().splitlines() == [f"error: ESK_READ_MODELS=models:READ_MODELS: {told}"]
 
 
 @contextmanager

@@ -4,6 +4,8 @@ with a writer that writes nothing (runner._check_plan, catalog.PlanCheck). Spark
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -18,10 +20,12 @@ from pyspark.sql import functions as F
 
 import esk
 from domain.accounts import Deposited, accounts
+from esk.broker.ports import free_port
 from esk.projections.runner import ReadModelInvalid, RunFailed, _check_plan, _check_reads
 from esk.settings import Settings
 from projections.read_models import READ_MODELS
 from tests.counters import Added, counters
+from tests.system import esk_env
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -60,32 +64,32 @@ def test_the_example_read_models_and_a_right_one_plan_without_writing(spark: Spa
     [
         (
             lambda events, writer: writer.merge(_counter_rows(events), esk.Merge(on="t.counter_id = s.counter_id", update={"totl": "s.n"})),
-            "its apply fails on a batch: its Merge sets totl, which its table does not have (its columns: counter_id, total, version)",
+            "its apply, planned over no events at the run's start, fails: its Merge sets totl, which its table does not have (its columns: counter_id, total, version)",
         ),
         (
             lambda events, writer: writer.merge(_counter_rows(events), esk.Merge(on="t.counter_id = s.counter_id", update={"total": "s.amount"})),
-            "its apply fails on a batch: [UNRESOLVED_COLUMN.WITH_SUGGESTION] A column, variable, or function parameter with name `s`.`amount` cannot be resolved.",
+            "its apply, planned over no events at the run's start, fails: [UNRESOLVED_COLUMN.WITH_SUGGESTION] A column, variable, or function parameter with name `s`.`amount` cannot be resolved.",
         ),
         (
             lambda events, writer: writer.merge(events.select(F.col("aggregate_id").alias("counter_id"), "amount"), MERGE),
-            "its apply fails on a batch: [UNRESOLVED_COLUMN.WITH_SUGGESTION] A column, variable, or function parameter with name `amount` cannot be resolved.",
+            "its apply, planned over no events at the run's start, fails: [UNRESOLVED_COLUMN.WITH_SUGGESTION] A column, variable, or function parameter with name `amount` cannot be resolved.",
         ),
         (
             lambda events, writer: writer.append(_counter_rows(events)),
-            "its apply fails on a batch: it appends n, which its table does not have (its columns: counter_id, total, version)",
+            "its apply, planned over no events at the run's start, fails: it appends n, which its table does not have (its columns: counter_id, total, version)",
         ),
         (
             lambda events, writer: writer.merge(events.select(esk.payload(counters, Deposited)), MERGE),
-            "its apply fails on a batch: Deposited is not an event of counters",
+            "its apply, planned over no events at the run's start, fails: Deposited is not an event of counters",
         ),
         (
             lambda events, writer: writer.merge(events.filter(esk.of(accounts)), MERGE),
-            "its apply fails on a batch: counter_totals reads counters, not accounts: its batches hold none of accounts's events "
+            "its apply, planned over no events at the run's start, fails: counter_totals reads counters, not accounts: its batches hold none of accounts's events "
             "(add accounts to its ReadModel's reads)",
         ),
         (
             lambda events, writer: writer.merge(writer.lookup(_counter_rows(events), "counter"), MERGE),
-            "its apply fails on a batch: [UNRESOLVED_COLUMN.WITH_SUGGESTION] A column, variable, or function parameter with name `counter` cannot be resolved.",
+            "its apply, planned over no events at the run's start, fails: [UNRESOLVED_COLUMN.WITH_SUGGESTION] A column, variable, or function parameter with name `counter` cannot be resolved.",
         ),
     ],
     ids=["a column it does not have", "a batch column a Merge names", "a column events do not have", "an append of other columns",
@@ -127,3 +131,40 @@ def test_what_the_check_cannot_plan_is_left_to_the_batches_and_spark_errors_stay
         _check(spark, tmp_path, _projection(lambda events, writer: writer.merge(events.select("nope"), MERGE)))
     with pytest.raises(AnalysisException, match="nope"):
         spark.range(1).select("nope")
+
+
+def test_a_one_shot_run_without_a_broker_is_told_at_once(tmp_path: Path) -> None:
+    """Spark's Kafka source would retry without end; a continuous run waits, as every
+    long-running process does."""
+    settings = Settings(_env_file=None).model_copy(
+        update={"domain": "tests.counters:AGGREGATES", "read_models": "tests.projections.test_read_your_writes:USER_READ_MODELS"}
+    )
+    address = f"127.0.0.1:{free_port()}"  # nothing listens there
+    env = esk_env(settings, ESK_KAFKA__BOOTSTRAP_SERVERS=address, ESK_PROJECTIONS__WAREHOUSE_DIR=str(tmp_path))
+    done = subprocess.run(
+        [sys.executable, "-m", "esk", "project", "run", "counter_totals"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"error: no Kafka broker answered at {address}, which a run that is not --continuous needs: start one "
+        "(`esk broker start`; `esk dev` starts its own), or set ESK_KAFKA__BOOTSTRAP_SERVERS to yours"
+    )
+    assert "Spark" not in done.stdout + done.stderr  # told before a driver started
+
+
+def test_a_batchs_failure_is_told_by_the_read_models_own_exception() -> None:
+    spark_said = (
+        "[STREAM_FAILED] Query [id = 7, runId = 8] terminated with exception: [FOREACH_BATCH_USER_FUNCTION_ERROR] An error "
+        "occurred in the user provided function in foreachBatch. Reason: An exception was raised by the Python Proxy. "
+        "Return Message: Traceback (most recent call last):\n"
+        '  File "/venv/py4j/clientserver.py", line 644, in _call_proxy\n'
+        "    return_value = getattr(self.pool[obj_id], method)(*params)\n"
+        '  File "/project/tickets/read_models.py", line 12, in board\n'
+        '    raise ValueError("no such status: reopened")\n'
+        "ValueError: no such status: reopened\n"
+        "\tat org.apache.spark.sql.execution.streaming.MicroBatchExecution.runBatch(MicroBatchExecution.scala:800)\n"
+    )
+    told = str(RunFailed("ticket_board", RuntimeError(spark_said)))
+    assert told.startswith("ticket_board failed: ValueError: no such status: reopened (in a batch: [STREAM_FAILED] Query [id = 7")
+    assert "\n" not in told and len(told) < 300
+    assert str(RunFailed("ticket_board", OSError(28, "No space left on device"))) == "ticket_board failed: [Errno 28] No space left on device"

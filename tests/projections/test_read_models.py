@@ -202,6 +202,9 @@ async def test_projections_equal_their_python_references(settings: Settings, spa
         assert r.status_code == 400 and r.json()["code"] == "invalid_filter"
         r = await s.client.get("/v1/projections/nope")
         assert r.status_code == 404 and r.json()["code"] == "unknown_projection"
+        assert r.json()["detail"].startswith(
+            "no read model 'nope'; this API knows account_balances, customer_recent_orders, daily_order_totals, events_archive ("
+        )
 
     # Rebuild: a fresh generation from the earliest offsets, switched to once caught up.
     # The batches above were small enough for delta-rs on the driver; these are written by

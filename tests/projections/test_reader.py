@@ -5,6 +5,7 @@ batch."""
 from __future__ import annotations
 
 import random
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,23 @@ def test_a_filter_on_no_such_column_or_of_the_wrong_type_is_refused(written: tup
         read_rows(tables, RANKED, {"total": "many"}, 10)
     with pytest.raises(ReadModelNotBuilt):
         read_rows(Tables(tmp_path / "empty"), RANKED, {}, 10)
+
+
+def test_a_timestamp_filter_without_an_offset_is_read_as_utc(tmp_path: Path) -> None:
+    """Spark writes a TIMESTAMP as an instant in UTC; the rows show it so, and a filter
+    given as they show it, or without an offset at all, finds it."""
+    tables = Tables(tmp_path / "warehouse")
+    placed = pa.array([datetime(2026, 11, 26, 14, 38, 52, 965000, tzinfo=UTC), datetime(2026, 11, 27, tzinfo=UTC)], pa.timestamp("us", tz="UTC"))
+    deltalake.write_deltalake(str(tables.path("orders", 1)), pa.table({"order_id": ["o1", "o2"], "placed_at": placed}))
+    tables.switch("orders", 1)
+    orders = esk.ReadModel("orders", (counters,), "orders", order_by=("order_id",))
+    [row] = read_rows(tables, orders, {"order_id": "o1"}, 10)
+    assert row["placed_at"] == "2026-11-26T14:38:52.965000+00:00"
+    for given in (row["placed_at"], "2026-11-26T14:38:52.965", "2026-11-26T14:38:52.965Z", "2026-11-26T15:38:52.965+01:00"):
+        assert read_rows(tables, orders, {"placed_at": given}, 10) == [row], given
+    assert [r["order_id"] for r in read_rows(tables, orders, {"placed_at": "2026-11-27"}, 10)] == ["o2"]  # midnight
+    with pytest.raises(BadFilter, match="'yesterday' is not a valid timestamp"):
+        read_rows(tables, orders, {"placed_at": "yesterday"}, 10)
 
 
 # A read that answers from the first rows, then the process's end at once (an API pod

@@ -23,11 +23,12 @@ from starlette.responses import Response
 
 from ..kafka.topics import TopicNames
 from ..metrics import READ_MODEL_LAG, READ_MODEL_POSITION
+from ..projections.catalog import needs_spark_extra
 from ..projections.positions import Positions
 from ..projections.positions import as_json as positions_json
 from ..projections.reader import BadFilter, ReadModelNotBuilt, ReadModelNotFound, ReadModelRows
 from ..protocol import MAX_VERSION, StoredAggregate
-from ..registry import Registry
+from ..registry import ImportFailed, Registry
 from ..schema.asyncapi import asyncapi_document
 from ..settings import Settings
 from .auth import BearerAuth
@@ -44,7 +45,7 @@ from .tracing import TracingMiddleware
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 # Told with a read model's 503: nothing keeps it up, so waiting will not help.
-NO_RUN = "no run keeps it up now (`esk project list` says who keeps each read model; `esk dev` keeps them all)"
+NO_RUN = "no run keeps it up now (`esk project list` says who keeps each read model; a driver's log, why it stopped)"
 
 
 def _fastapi_telemetry(settings: Settings) -> dict[str, Any]:
@@ -227,10 +228,18 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
         """`read` of the read models, with what can go wrong as the problems of the API."""
         try:
             return await asyncio.to_thread(read)
-        except ImportError:  # delta-rs, or the user's read models' own imports
-            raise Problem(503, "projections_unavailable", "install esk with the spark extra to serve read models") from None
+        except ImportError as error:  # delta-rs, or the user's read models' own imports
+            if needs_spark_extra(error):
+                raise Problem(503, "projections_unavailable", "install esk with the spark extra to serve read models") from None
+            raise Problem(503, "read_models_misconfigured", f"ESK_READ_MODELS={settings.read_models}: {error}") from None
+        except ImportFailed as error:  # the user's read models' module raised as it was imported
+            raise Problem(503, "read_models_misconfigured", str(error)) from None
         except ReadModelNotFound:
-            raise Problem(404, "unknown_projection", f"no read model {name!r}") from None
+            known = ", ".join(read_models.names()) or "none"
+            raise Problem(
+                404, "unknown_projection",
+                f"no read model {name!r}; this API knows {known} (it loads ESK_READ_MODELS once: one added since needs it restarted)",
+            ) from None
         except ReadModelNotBuilt:
             raise Problem(
                 503, "projection_not_built", f"{name} has not been built yet: run `esk project run {name}`", {"Retry-After": "60"}

@@ -59,10 +59,11 @@ class KafkaAccessError(RuntimeError):
     No retry helps, and aiokafka's clients would only say "Unable to bootstrap"."""
 
 
-async def check_access(settings: Settings) -> None:
+async def check_access(settings: Settings) -> bool:
     """Connect to the first bootstrap server that answers as every client would, and raise
     KafkaAccessError when TLS or SASL refuses the connection. A broker that cannot be
-    reached is no error here: each client reports that, or waits for it, as it does."""
+    reached is no error here (each client reports that, or waits for it, as it does): the
+    answer is whether one was."""
     options = client_options(settings)
     connection_options = {name: options[name] for name in _CONNECTION_OPTIONS if name in options}
     protocol = settings.kafka.security_protocol
@@ -98,12 +99,13 @@ async def check_access(settings: Settings) -> None:
             continue  # down, or not there: the next address, else the clients' own handling
         else:
             connection.close()
-            return
+            return True
     if closed_in_handshake:
         raise KafkaAccessError(
             f"Kafka at {', '.join(closed_in_handshake)} closed the connection during the handshake: "
             f"is ESK_KAFKA__SECURITY_PROTOCOL={protocol} what its listener speaks?"
         )
+    return False
 
 
 _CONNECTION_OPTIONS = (

@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 T = TypeVar("T")
+# What `pip install 'esk[spark]'` brings (pyproject.toml), by the names modules import it by.
+SPARK_EXTRA = frozenset({"pyspark", "delta", "deltalake", "pyarrow"})
 _READ_MODEL_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 _GENERATION_ENTRY = re.compile(r"g([0-9]+)(\.lock)?")  # a table or checkpoint folder, or a lock
 
@@ -426,6 +428,11 @@ def select_read_models(projections: Mapping[str, Projection], names: Sequence[st
     if unknown:
         raise ValueError(f"no read model {', '.join(map(repr, unknown))}; `esk project list` shows them")
     return [projections[name] for name in dict.fromkeys(names)]
+
+
+def needs_spark_extra(error: ImportError) -> bool:
+    """Whether what `error` found missing is esk's spark extra's, not the user's own."""
+    return isinstance(error, ModuleNotFoundError) and (error.name or "").partition(".")[0] in SPARK_EXTRA
 
 
 class Tables:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import date, datetime
+from datetime import UTC, date, datetime
 from typing import Any
 
 from ..settings import Settings
@@ -108,7 +108,10 @@ def _convert(raw: str, arrow_type: Any, pa: Any) -> Any:
         if pa.types.is_date(arrow_type):
             return date.fromisoformat(raw)
         if pa.types.is_timestamp(arrow_type):
-            return datetime.fromisoformat(raw)
+            moment = datetime.fromisoformat(raw)
+            # Spark's timestamps are instants, kept in UTC: a value without an offset is read
+            # as UTC (the session's time zone), as the rows show them
+            return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
     except ValueError:
         raise BadFilter(f"{raw!r} is not a valid {arrow_type}") from None
     return raw

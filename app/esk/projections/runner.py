@@ -381,11 +381,24 @@ class RunFailed(Exception):
                 "as a continuous run does on its own"
             )
         else:
-            message = f"{name} failed: {error}"
+            message = f"{name} failed: {_in_a_line(error)}"
         super().__init__(message)
         self.name = name
         self.error = error
         self.others = list(others)
+
+
+def _in_a_line(error: BaseException) -> str:
+    """What failed, in a line. A batch's failure comes wrapped in Spark's (the query's, then
+    its foreachBatch function's), with the read model's own exception at the end of a
+    Python traceback inside: that exception, and where Spark says the query failed."""
+    text = str(error).strip()
+    start = text.rfind("Traceback (most recent call last)")
+    if start >= 0:
+        raised = [line for line in text[start:].splitlines()[1:] if line and not line[0].isspace()]
+        if raised:
+            return f"{raised[0]} (in a batch: {text.splitlines()[0][:200]})"
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 def run_several(
@@ -531,7 +544,7 @@ def _check_plan(spark: SparkSession, projection: Projection, app_id: str, path: 
         told = (error.getMessage() if isinstance(error, AnalysisException) else str(error)).strip()
         # Spark's message, without its SQL state and the plan it prints after
         first = re.sub(r"\s*SQLSTATE: \w+.*", "", told.splitlines()[0]) if told else type(error).__name__
-        raise ReadModelInvalid(f"its apply fails on a batch: {first}") from error
+        raise ReadModelInvalid(f"its apply, planned over no events at the run's start, fails: {first}") from error
     except Exception:  # PlanEnds (a write of its own), or code that wants rows: left to the batches
         pass
     finally:
