@@ -630,7 +630,8 @@ def print_rows(columns: list[str], rows: list[list[Any]], output: str) -> None:
         table = Table(*columns)
         for row in rows:
             table.add_row(*("" if v is None else str(v) for v in row))
-        console.print(table)
+        # Piped or in a log, rich would cut the table to 80 columns: as wide as it needs then
+        (console if console.is_terminal else Console(width=10_000)).print(table)
 
 
 def main() -> None:
