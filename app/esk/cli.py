@@ -137,7 +137,7 @@ def topics_init(
 
 def init_topics(settings: Settings) -> None:
     registry = domain_registry(settings)
-    require_kafka_access(settings, "`esk topics init`")
+    require_kafka_access(settings, "making or checking the topics")
     report = asyncio.run(ensure_topics(settings, topic_specs(settings, registry)))
     for name in report.created:
         console.print(f"created  {name}")

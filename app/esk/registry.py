@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import sysconfig
 import traceback
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
@@ -59,13 +60,21 @@ def load_object(spec: str, setting: str) -> Any:
 
 
 def _where(error: BaseException) -> str:
-    """Where in the user's code `error` was raised: the innermost frame of a file under the
-    working directory that is not an installed package's, else the innermost of all."""
+    """Where in the user's code `error` was raised: a syntax error's place; else the innermost
+    frame of a file under the working directory, else of one that is neither Python's own
+    nor an installed package's (a project installed as one: the innermost of all)."""
+    if isinstance(error, SyntaxError) and error.filename:
+        return f"at {error.filename}:{error.lineno}"
     frames = traceback.extract_tb(error.__traceback__)
-    here = os.getcwd()
-    theirs = [f for f in frames if f.filename.startswith(here) and "site-packages" not in f.filename]
-    frame = (theirs or frames)[-1] if frames else None
-    return f"at {frame.filename}:{frame.lineno}" if frame else "as it was imported"
+    here = os.path.join(os.getcwd(), "")
+    python = os.path.join(sysconfig.get_paths()["stdlib"], "")
+
+    def installed(path: str) -> bool:
+        return path.startswith(("<", python)) or "site-packages" in path
+
+    theirs = [f for f in frames if f.filename.startswith(here) and not installed(f.filename)]
+    theirs = theirs or [f for f in frames if not installed(f.filename)] or frames
+    return f"at {theirs[-1].filename}:{theirs[-1].lineno}" if theirs else "as it was imported"
 
 
 def load_optional(spec: str, set_explicitly: bool, load: Callable[[str], dict[str, T]]) -> dict[str, T]:

@@ -140,7 +140,7 @@ def run_dev(settings: Settings, subscriptions: list[str], read_models: bool = Fa
     """API, processor, each subscription and (`read_models`) the read models, all of them in
     one Spark driver, as child processes (as in production), until Ctrl-C or one of them
     exits; the exit code: 1 when one exited on its own. The read models' driver alone may
-    end (a read model that fails, one whose columns changed, no Java): the rest goes on,
+    end (a read model that fails, one following a rebuild of newer code, no Java): the rest goes on,
     as commands need none of it, and the driver is started again (RestartedChild)."""
     esk = [sys.executable, "-m", "esk"]
     env = {**os.environ, "ESK_KAFKA__BOOTSTRAP_SERVERS": settings.bootstrap_servers}

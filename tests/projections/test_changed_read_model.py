@@ -92,3 +92,70 @@ async def test_a_changed_read_model_is_refused_one_shot_and_built_again_by_a_con
     ) in output
     assert f"{NAME}: removed generation(s) 1, which readers left" in output
     assert tables.generations(NAME) == [2]
+
+
+async def test_a_run_of_older_code_that_follows_a_rebuild_is_refused_not_built_back(
+    settings: Settings, spark: SparkSession, tmp_path: Path
+) -> None:
+    """`esk dev`'s driver, of the code it started with, and a `--rebuild` of changed code beside
+    it: the driver follows readers to the new generation, finds it built otherwise, and is
+    refused (its supervisor starts it again with the code there is now). Were it to build
+    again from its own code, it would move readers back, and two drivers of two codes would
+    take turns rebuilding for ever."""
+    settings = users_settings(settings, tmp_path)
+    tables = Tables(settings.projections.warehouse_dir)
+    async with system(settings) as s:
+        assert (await s.client.post("/v1/counters/c1/start", json={})).status_code == 200
+        stop = StopRequest()
+        failed: list[BaseException] = []
+
+        def older_driver() -> None:
+            try:
+                run(settings, TOTALS, True, spark=spark, stop=stop, console=Console(file=io.StringIO()))
+            except BaseException as error:  # the thread's end: what the supervisor would see
+                failed.append(error)
+
+        driver = threading.Thread(target=older_driver)
+        driver.start()
+        try:
+            await wait_for(lambda: tables.current_generation(NAME) == 1, timeout_s=300, what="the older driver's first build")
+            await asyncio.to_thread(run, settings, VERSION_2, False, True, spark=spark)  # the rebuild beside it
+            assert tables.current_generation(NAME) == 2
+            await asyncio.to_thread(driver.join, 120)
+        finally:
+            stop.asked.set()
+            await asyncio.to_thread(driver.join, 120)
+    assert len(failed) == 1 and isinstance(failed[0], ReadModelChanged), failed
+    assert "(version 2, now 1)" in str(failed[0])
+    assert tables.current_generation(NAME) == 2 and 3 not in tables.generations(NAME)
+
+
+async def test_a_rebuild_beside_readers_takes_the_catch_up_turn_a_batch_at_a_time(
+    settings: Settings, spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A driver keeping two read models, one of them changed: its rebuild from the earliest
+    offsets (hours, on a big topic) must not keep the other's catch-up waiting to its end."""
+    from esk.projections import runner
+    from tests.projections.test_run_several import ADDS
+
+    monkeypatch.setattr(runner, "REBUILD_BESIDE_BATCH_MAX", 1)  # a rebuild of many batches
+    settings = users_settings(settings, tmp_path)
+    tables = Tables(settings.projections.warehouse_dir)
+    async with system(settings) as s:
+        assert (await s.client.post("/v1/counters/c1/start", json={})).status_code == 200
+        for _ in range(30):
+            assert (await s.client.post("/v1/counters/c1/add", json={"n": 1})).status_code == 200
+        await asyncio.to_thread(run, settings, TOTALS, spark=spark)  # generation 1, of the older code
+        stop = StopRequest()
+        driver = threading.Thread(
+            target=runner.run_several, args=(settings, [VERSION_2, ADDS], True), kwargs={"stop": stop, "console": Console(file=io.StringIO())}
+        )
+        driver.start()
+        try:
+            await wait_for(lambda: tables.current_generation(ADDS.model.name) == 1, timeout_s=300, what="the other read model caught up")
+            assert tables.current_generation(NAME) == 1  # its rebuild still on its way, a batch at a time
+            await wait_for(lambda: tables.current_generation(NAME) == 2, timeout_s=300, what="the rebuild's switch")
+        finally:
+            stop.asked.set()
+            await asyncio.to_thread(driver.join, 120)
+    assert ReadModelRows(settings).read(NAME, {"counter_id": "c1"}, limit=1) == [{"counter_id": "c1", "total": 300, "version": 31}]

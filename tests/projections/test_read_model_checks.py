@@ -167,4 +167,5 @@ def test_a_batchs_failure_is_told_by_the_read_models_own_exception() -> None:
     told = str(RunFailed("ticket_board", RuntimeError(spark_said)))
     assert told.startswith("ticket_board failed: ValueError: no such status: reopened (in a batch: [STREAM_FAILED] Query [id = 7")
     assert "\n" not in told and len(told) < 300
-    assert str(RunFailed("ticket_board", OSError(28, "No space left on device"))) == "ticket_board failed: [Errno 28] No space left on device"
+    assert str(RunFailed("ticket_board", OSError(28, "No space left on device"))) == "ticket_board failed: OSError: [Errno 28] No space left on device"
+    assert str(RunFailed("ticket_board", KeyError("amount"))) == "ticket_board failed: KeyError: 'amount'"

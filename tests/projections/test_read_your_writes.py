@@ -66,6 +66,13 @@ async def test_a_read_after_a_commands_position_shows_that_command(settings: Set
             kept.acquire()  # as a run keeping it up would: then it is only late
             r = await s.client.get(url, params={"account_id": "ryw-1", "after": token, "wait_ms": 300})
             assert r.status_code == 503 and r.json()["code"] == "not_caught_up" and NO_RUN not in r.json()["detail"], r.text
+        with Tables(settings.projections.warehouse_dir).run_lock("account_balances", 2) as building:
+            building.acquire()  # as a run building the next generation beside it would
+            r = await s.client.get(url, params={"account_id": "ryw-1", "after": token, "wait_ms": 300})
+            assert r.status_code == 503 and r.json()["detail"].endswith(
+                "; generation 2 is being built beside it (a changed read model, or a rebuild), and readers stay on 1, "
+                "which stands still, until it has caught up"
+            ), r.text
         # without `after` the same read answers at once, with the rows as they are
         r = await s.client.get(url, params={"account_id": "ryw-1"})
         assert [row["balance"] for row in r.json()["rows"]] == [0]

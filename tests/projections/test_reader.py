@@ -87,6 +87,12 @@ def test_a_timestamp_filter_without_an_offset_is_read_as_utc(tmp_path: Path) -> 
     assert [r["order_id"] for r in read_rows(tables, orders, {"placed_at": "2026-11-27"}, 10)] == ["o2"]  # midnight
     with pytest.raises(BadFilter, match="'yesterday' is not a valid timestamp"):
         read_rows(tables, orders, {"placed_at": "yesterday"}, 10)
+    # a TIMESTAMP_NTZ column (a wall-clock time, no zone) compares as given
+    wall = pa.array([datetime(2026, 11, 26, 14, 38), datetime(2026, 11, 27)], pa.timestamp("us"))
+    deltalake.write_deltalake(str(tables.path("orders", 2)), pa.table({"order_id": ["o1", "o2"], "placed_at": wall}))
+    tables.switch("orders", 2)
+    for given in ("2026-11-26T14:38:00", "2026-11-26T14:38:00Z"):
+        assert [r["order_id"] for r in read_rows(tables, orders, {"placed_at": given}, 10)] == ["o1"], given
 
 
 # A read that answers from the first rows, then the process's end at once (an API pod

@@ -214,10 +214,18 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
         while a read waits: each asks the lock of the warehouse (a round trip on NFS)."""
         if problem.code not in ("projection_not_built", "not_caught_up"):
             return problem
-        kept = await asyncio.to_thread(read_models.kept, name)
-        if kept and problem.code == "projection_not_built":
+        keepers = await asyncio.to_thread(read_models.keepers, name)
+        if keepers is None:
+            return problem
+        current = read_models.tables.current_generation(name)
+        if problem.code == "projection_not_built" and keepers:
             problem.detail = f"{name} has not been built yet: a run is building it"
-        elif kept is False:
+        elif current is not None and current not in keepers and current + 1 in keepers:
+            problem.detail += (
+                f"; generation {current + 1} is being built beside it (a changed read model, or a rebuild), "
+                f"and readers stay on {current}, which stands still, until it has caught up"
+            )
+        elif not keepers:
             problem.detail += f"; {NO_RUN}"
         return problem
 
@@ -313,6 +321,9 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
                 positions = read_models.positions(name)
             except ReadModelNotBuilt:
                 positions = {}  # behind by every event there is
+            except Exception as error:  # a checkpoint file being written, say: the others' still count
+                log.debug("read model %s left out of /metrics: %r", name, error)
+                continue
             for (topic, partition), offset in positions.items():
                 READ_MODEL_POSITION.labels(name, topic, str(partition)).set(offset)
             if heads is None:

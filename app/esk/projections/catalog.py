@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -488,11 +489,7 @@ class Tables:
             switched = (self.warehouse / name / "CURRENT").stat().st_mtime
         except FileNotFoundError:
             return []
-        # "Now" by the same clock as the switch's time: the file system's (an NFS server's),
-        # which this host's may be far from
-        clock = self.warehouse / name / ".clock"
-        clock.touch()
-        if current is None or clock.stat().st_mtime - switched < unused_for_s:
+        if current is None or self._now(name) - switched < unused_for_s:
             return []
         removed = []
         for generation in (g for g in self.generations(name) if g < current):
@@ -508,6 +505,17 @@ class Tables:
                 lock.path.unlink()  # last: a generation with a folder left is found again next time
             removed.append(generation)
         return removed
+
+    def _now(self, name: str) -> float:
+        """Now by the clock of the switch's time: the file system's (an NFS server's), which
+        this host's may be far from; this host's where the file cannot be touched (made by
+        another user of a shared warehouse)."""
+        clock = self.warehouse / name / ".clock"
+        try:
+            clock.touch()
+            return clock.stat().st_mtime
+        except OSError:
+            return time.time()
 
     def switch(self, name: str, generation: int) -> None:
         """Point readers at `generation`: a rename, so they see the old or the new, never neither."""

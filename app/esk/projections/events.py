@@ -139,9 +139,10 @@ def _jaas_quoted(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def event_stream(spark: SparkSession, settings: Settings, categories: tuple[str, ...]) -> DataFrame:
+def event_stream(spark: SparkSession, settings: Settings, categories: tuple[str, ...], batch_max: int | None = None) -> DataFrame:
     """The categories' event records as Spark's Kafka source reads them: what `decode` needs
-    (value, partition, offset) and no more, as a batch of them is cached whole."""
+    (value, partition, offset) and no more, as a batch of them is cached whole; `batch_max`
+    events a batch at most, unless ESK_PROJECTIONS__MAX_OFFSETS_PER_TRIGGER is set."""
     topics = TopicNames(settings.app)
     reader = (
         spark.readStream.format("kafka")
@@ -150,8 +151,8 @@ def event_stream(spark: SparkSession, settings: Settings, categories: tuple[str,
         .option("startingOffsets", "earliest")
         .option("failOnDataLoss", "false")
     )
-    if settings.projections.max_offsets_per_trigger:
-        reader = reader.option("maxOffsetsPerTrigger", str(settings.projections.max_offsets_per_trigger))
+    if most := settings.projections.max_offsets_per_trigger or batch_max:
+        reader = reader.option("maxOffsetsPerTrigger", str(most))
     return reader.load().select("value", "partition", "offset")
 
 

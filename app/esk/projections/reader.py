@@ -47,11 +47,11 @@ class ReadModelRows:
     def read(self, name: str, filters: dict[str, str], limit: int) -> list[dict[str, Any]]:
         return read_rows(self.tables, self.model(name), filters, limit)
 
-    def kept(self, name: str) -> bool | None:
-        """Whether a run keeps the read model up (or builds it) now; None when this process
-        cannot tell (the warehouse's locks cannot be read from here)."""
+    def keepers(self, name: str) -> dict[int, str] | None:
+        """The runs keeping the read model's generations now (Tables.keepers); None when this
+        process cannot tell (the warehouse's locks cannot be read from here)."""
         try:
-            return bool(self.tables.keepers(name))
+            return self.tables.keepers(name)
         except OSError:
             return None
 
@@ -109,8 +109,10 @@ def _convert(raw: str, arrow_type: Any, pa: Any) -> Any:
             return date.fromisoformat(raw)
         if pa.types.is_timestamp(arrow_type):
             moment = datetime.fromisoformat(raw)
-            # Spark's timestamps are instants, kept in UTC: a value without an offset is read
-            # as UTC (the session's time zone), as the rows show them
+            if arrow_type.tz is None:  # TIMESTAMP_NTZ: a wall-clock time, compared as given
+                return moment.replace(tzinfo=None) if moment.tzinfo is None else moment.astimezone(UTC).replace(tzinfo=None)
+            # A TIMESTAMP is an instant, kept in UTC: a value without an offset is read as UTC
+            # (the sessions' time zone), as the rows show them
             return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
     except ValueError:
         raise BadFilter(f"{raw!r} is not a valid {arrow_type}") from None

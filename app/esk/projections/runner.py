@@ -56,6 +56,11 @@ TABLE_PROPERTIES = {
     "delta.deletedFileRetentionDuration": "interval 1 day",
 }
 VACUUM_EVERY_S = 3600.0  # a continuous run removes unreferenced files this often
+# Events a batch at most for a continuous run building a generation beside the one readers
+# use, unless ESK_PROJECTIONS__MAX_OFFSETS_PER_TRIGGER says otherwise: it takes the catch-up
+# turn a batch at a time. (A bounded catch-up is slower: 500,000 a batch took 1.3x one batch's
+# time over 1,000,000 events, docs/benchmarks.md.)
+REBUILD_BESIDE_BATCH_MAX = 500_000
 RETIRE_EVERY_S = 60.0  # and looks this often for generations readers left long enough ago
 LAG_REPORT_EVERY_S = 10  # and looks at its lag this often, to log it when it changed
 POLL_S = 1  # seconds: how soon a run notices it is asked to stop
@@ -101,15 +106,17 @@ def run(
     stop: StopRequest | None = None,
     catch_up_turn: threading.Lock | None = None,
     held: Held | None = None,
+    *,
+    following: bool = False,
 ) -> RunSummary:
     """Catches the read model up, then (`continuous`) keeps it up until the query stops or
     `stop` asks; a stop lets the batch in flight end (STOP_WAIT_S at most). Readers move to
     a new generation only once it has caught up (`RunSummary.caught_up`); a continuous
-    run follows readers to a generation another run switched them to. The catch-up holds
-    `catch_up_turn`, when given, as it runs. The run holds its generation's lock, taken
-    here before Spark starts unless the caller took it (`held`): while another run holds
-    it, a one-shot run or a rebuild is refused (GenerationBusy), and a continuous run
-    waits, a standby that says who holds it."""
+    run follows readers to a generation another run switched them to (`following`). The
+    catch-up holds `catch_up_turn`, when given, as it runs. The run holds its generation's
+    lock unless the caller took it (`held`): while another run holds it, a one-shot run or
+    a rebuild is refused (GenerationBusy), and a continuous run waits, a standby that says
+    who holds it (its driver started first, to tell whether the read model changed)."""
     console = console or Console(stderr=True, soft_wrap=True)
     stop = stop or StopRequest()
     name = projection.model.name
@@ -118,7 +125,11 @@ def run(
     if held is None:
         waiting = _Waiting(stop, console) if continuous and not rebuild else None
         changed = None
-        if waiting is not None and settings.projections.rebuild_changed:
+        # Not when following: the run that moved readers built the generation from newer
+        # code than this one's, likely; building again from this code would move them back
+        # (and two drivers of two codes would take turns for ever). This one is refused
+        # instead, and its supervisor starts it again with the code there is now.
+        if waiting is not None and settings.projections.rebuild_changed and not following:
             spark = spark or _driver_session(settings, f"esk-project-{name}")
             changed = partial(_built_otherwise, spark, tables, projection, console)
         held = hold_generation(tables, name, rebuild, waiting, changed)
@@ -134,11 +145,11 @@ def run(
     # pod) moved readers to the generation it built, and then ends: this run keeps that one
     # up from now on, once that run has let go of it, or readers would see it stand still.
     console.print(f"{name}: readers were moved to generation {moved_to} by another run: keeping that one up now", highlight=False)
-    following = run(settings, projection, continuous, False, console, spark, stop, catch_up_turn)
-    following.batches += summary.batches
-    following.events += summary.events
-    following.rows += summary.rows
-    return following
+    then = run(settings, projection, continuous, False, console, spark, stop, catch_up_turn, following=True)
+    then.batches += summary.batches
+    then.events += summary.events
+    then.rows += summary.rows
+    return then
 
 
 def hold_generation(
@@ -179,6 +190,8 @@ def _built_otherwise(spark: SparkSession, tables: Tables, projection: Projection
     path = tables.path(model.name, generation)
     if not DeltaRs.is_deltatable(str(path)):  # nothing built yet to differ
         return False
+    if _version(DeltaRs(str(path))) > model.version:
+        return False  # built by newer code than this run's: refused, not built back
     changes = _changes(path, spark.createDataFrame([], projection.columns).schema, model)
     if not changes:
         return False
@@ -253,10 +266,26 @@ def _keep(
     _create_table(spark, path, tables.checkpoint(name, generation), schema, projection.model, not held.building)
     app_id = f"esk.{settings.app}.{name}.g{generation}"
     _check_plan(spark, projection, app_id, path, schema)
+    # A continuous run building a generation beside the one readers use (its read model
+    # changed) catches up from the earliest offsets: hours, maybe. Holding the catch-up turn
+    # all that while would leave the driver's other read models, starting with it, waiting
+    # to catch up: it takes the turn a batch at a time, its batches bounded.
+    beside = continuous and held.building and tables.current_generation(name) is not None
+    catching_up = threading.Event()
+    catching_up.set()
     categories = projection.model.categories
     older = older_version(settings, categories)
 
     def batch(records: DataFrame, batch_id: int) -> None:
+        if not (beside and catching_up.is_set()):
+            merge_in(records, batch_id)
+            return
+        with _turn(catch_up_turn, stop) as taken:
+            if not taken:  # asked to stop while it waited: the batch runs again at the next start
+                raise BatchInterrupted(INTERRUPTED_BY_STOP)
+            merge_in(records, batch_id)
+
+    def merge_in(records: DataFrame, batch_id: int) -> None:
         started = time.perf_counter()
         # The batch's Kafka records are cached as read, and decoded on each use: the Kafka
         # read runs once a batch, and a cache of the raw values costs next to nothing to
@@ -304,12 +333,12 @@ def _keep(
 
     def writer() -> DataStreamWriter:
         return (
-            event_stream(spark, settings, categories)
+            event_stream(spark, settings, categories, REBUILD_BESIDE_BATCH_MAX if beside else None)
             .writeStream.foreachBatch(_interruptible(batch, lambda: stop.asked.is_set() or leaving.is_set()))
             .option("checkpointLocation", str(tables.checkpoint(name, generation)))
         )
 
-    with _turn(catch_up_turn, stop) as turn_taken:
+    with _turn(None if beside else catch_up_turn, stop) as turn_taken:
         if not turn_taken:  # asked to stop during Spark's start, or while it waited its turn
             return summary
         query = writer().trigger(availableNow=True).start()
@@ -322,6 +351,7 @@ def _keep(
         stopped = query.isActive
         if stopped:
             _stop_between_batches(query, stop, console, name)
+    catching_up.clear()
     summary.lag = _lag(query.lastProgress)
     if leaving.is_set():
         summary.caught_up = True  # as far as this generation goes
@@ -398,7 +428,10 @@ def _in_a_line(error: BaseException) -> str:
         raised = [line for line in text[start:].splitlines()[1:] if line and not line[0].isspace()]
         if raised:
             return f"{raised[0]} (in a batch: {text.splitlines()[0][:200]})"
-    return text.splitlines()[0] if text else type(error).__name__
+    lines = text.splitlines()
+    if len(lines) > 1 and lines[0].startswith("An error occurred while calling"):  # py4j's: the Java error follows
+        return lines[1].lstrip(": ")
+    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
 
 
 def run_several(
@@ -625,8 +658,13 @@ def _changes(path: Path, schema: StructType, model: ReadModel) -> list[str] | No
     table = DeltaRs(str(path))
     metadata = table.metadata()
     changes = table_changes(json.loads(table.schema().to_json()), metadata.partition_columns, schema, model.partition_by)
-    built_by = int(metadata.configuration.get(VERSION_PROPERTY, "1"))
+    built_by = _version(table)
     return changes + ([f"version {built_by}, now {model.version}"] if built_by != model.version else [])
+
+
+def _version(table: Any) -> int:
+    """The ReadModel.version a table (delta-rs's) was built by."""
+    return int(table.metadata().configuration.get(VERSION_PROPERTY, "1"))
 
 
 def table_changes(
