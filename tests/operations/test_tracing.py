@@ -133,6 +133,9 @@ async def test_one_trace_from_http_through_the_saga_to_its_commands(
 
         async with subscriber(settings, payments, running.registry):
             await wait_for(lambda: _cancelled(client, "o-refused"), what="the refused order to be cancelled")
+            # an accepted withdrawal's outcome changes nothing the API shows: only its span
+            # tells that the saga has read it (its partition may come after the refused one's)
+            await wait_for(lambda: _outcome_read(spans, paid), what="the saga to read the accepted withdrawal's outcome")
         assert (await client.get("/v1/accounts/funded")).json()["state"]["balance"] == 700
 
     finished = spans.get_finished_spans()
@@ -170,6 +173,11 @@ async def test_one_trace_from_http_through_the_saga_to_its_commands(
     outcome = chain.one("payments outcome accounts.withdraw", **{"esk.command.outcome": "rejected"})
     assert child_of(outcome, withdraw)
     assert child_of(chain.one("handle orders.cancel", **{"esk.aggregate.id": "o-refused", "esk.command.outcome": "accepted"}), outcome)
+
+
+def _outcome_read(spans: InMemorySpanExporter, trace_id: int) -> bool:
+    return any(s.name == "payments outcome accounts.withdraw" and s.context is not None and s.context.trace_id == trace_id
+               for s in spans.get_finished_spans())
 
 
 async def _cancelled(client: httpx.AsyncClient, order_id: str) -> bool:
