@@ -241,7 +241,7 @@ def project_list(
         raise fail("--format must be table, csv or json")
     settings = load_settings()
     tables = Tables(settings.projections.warehouse_dir)
-    columns = ["name", "reads", "description", "current_table", "reflects", "kept_by"]
+    columns = ["name", "reads", "description", "current_table", "reflects", "kept_by", "parked"]
     rows: list[list[Any]] = []
     for model in (p.model for p in read_models(settings).values()):
         current = tables.current_generation(model.name)
@@ -250,12 +250,44 @@ def project_list(
         reflects = [Position(t, p, o).token() for (t, p), o in sorted(positions.items())]
         keepers = [
             holder if generation == current else f"building g{generation}: {holder}"
-            for generation, holder in tables.keepers(model.name).items()
+            for generation, holder in tables.keepers(model.name).runs.items()
         ]
-        rows.append([model.name, list(model.categories), model.description, str(path) if path else None, reflects, keepers])
+        parked = len(tables.parked(model.name, current).load()) if current is not None else 0
+        rows.append([model.name, list(model.categories), model.description, str(path) if path else None, reflects, keepers, parked])
     if output != "json":  # a cell of text: lists on lines of their own, nothing said plainly
         for row in rows:
-            row[1:] = [", ".join(row[1]), row[2], row[3] or "not built yet", " ".join(row[4]), "\n".join(row[5]) or "no run"]
+            row[1:] = [", ".join(row[1]), row[2], row[3] or "not built yet", " ".join(row[4]), "\n".join(row[5]) or "no run", str(row[6])]
+    print_rows(columns, rows, output)
+
+
+@project_cli.command("parked")
+def project_parked(
+    name: Annotated[str, typer.Argument(help="The read model.")],
+    output: Annotated[str, typer.Option("--format", help="table, csv or json (an aggregate a line)")] = "table",
+) -> None:
+    """The aggregates the read model holds back: an event of each failed its batch, and its
+    events from there on wait out of the table until a rebuild (after a fix, a raised
+    ReadModel.version, or `esk project run NAME --rebuild`) takes them in again."""
+    from datetime import UTC, datetime
+
+    from .projections.catalog import Tables, select_read_models
+
+    if output not in ("table", "csv", "json"):
+        raise fail("--format must be table, csv or json")
+    settings = load_settings()
+    try:
+        select_read_models(read_models(settings), [name], False)
+    except ValueError as error:
+        raise fail(str(error)) from None
+    tables = Tables(settings.projections.warehouse_dir)
+    current = tables.current_generation(name)
+    parked = tables.parked(name, current).load() if current is not None else []
+    columns = ["aggregate_type", "aggregate_id", "event_type", "partition", "offset", "batch", "parked_at", "reason"]
+    rows: list[list[Any]] = [
+        [p.aggregate_type, p.aggregate_id, p.event_type, p.partition, p.offset, p.batch_id,
+         datetime.fromtimestamp(p.parked_at / 1000, UTC).isoformat(timespec="seconds"), p.reason]
+        for p in parked
+    ]
     print_rows(columns, rows, output)
 
 

@@ -74,6 +74,12 @@ READ_MODEL_LAG = Gauge(
     "index's position there minus the read model's (reported once the index has caught up; none without it)",
     ["read_model", "topic", "partition"],
 )
+READ_MODEL_PARKED = Gauge(
+    "esk_read_model_parked",
+    "Aggregates a read model's current table holds back: an event of each failed the read model's batch "
+    "(`esk project parked`; a rebuild after a fix takes them in again)",
+    ["read_model"],
+)
 HISTORY_POSITION = Gauge(
     "esk_history_position",
     "The offset up to which this API instance's history index reflects an events partition (GET /v1/{type}/{id}/events)",

@@ -170,6 +170,10 @@ class ProjectionSettings(BaseModel):
     # earliest offsets, readers staying on the old one until it has caught up; false: it is
     # refused, as a one-shot run is, until `esk project run NAME --rebuild`.
     rebuild_changed: bool = True
+    # A batch that fails is probed for the event that fails it, and that event's aggregate
+    # is held back (parked) from there, so that the others go on (projections.parking);
+    # false: the batch fails, and the read model stops, until its code is fixed.
+    park_failing_events: bool = True
 
 
 class SubscriberSettings(BaseModel):

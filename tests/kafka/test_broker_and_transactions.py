@@ -15,6 +15,7 @@ from esk.broker import BrokerError, EmbeddedBroker
 from esk.broker.ports import free_port_pair
 from esk.kafka.topics import TopicNames, ensure_topics, topic_specs
 from esk.settings import BrokerSettings, Settings
+from tests.system import wait_for
 
 pytestmark = pytest.mark.kafka
 
@@ -37,10 +38,17 @@ async def test_read_committed_never_sees_an_aborted_record(settings: Settings) -
     finally:
         await producer.stop()
 
+    # The coordinator answers a commit before the partition has its marker (a few ms later),
+    # and read_committed reads up to the marker only: the last commit's may lag the answer.
+    await wait_for(lambda: _committed_ends_with(settings, topic, b"committed-2"), timeout_s=10, what="the last commit's marker")
     seen_committed = await _read_all(settings, topic, "read_committed")
     seen_uncommitted = await _read_all(settings, topic, "read_uncommitted")
     assert seen_committed == [b"committed-1", b"committed-2"]
     assert b"aborted" in seen_uncommitted  # the record is in the log; only the isolation hides it
+
+
+async def _committed_ends_with(settings: Settings, topic: str, value: bytes) -> bool:
+    return (await _read_all(settings, topic, "read_committed"))[-1:] == [value]
 
 
 async def _read_all(settings: Settings, topic: str, isolation: str) -> list[bytes]:

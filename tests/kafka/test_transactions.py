@@ -4,7 +4,7 @@ aborted at once (not left open until the transaction times out)."""
 from __future__ import annotations
 
 import pytest
-from aiokafka import TopicPartition
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
 from esk.kafka.reader import committed_reader, read_committed
@@ -12,6 +12,7 @@ from esk.kafka.topics import TopicSpec, ensure_topics
 from esk.processing.record_collector import Output
 from esk.processing.streams_producer import StreamsProducer
 from esk.settings import Settings
+from tests.system import wait_for
 
 pytestmark = pytest.mark.kafka
 
@@ -32,7 +33,7 @@ async def test_a_commit_writes_every_record_in_one_transaction(settings: Setting
     finally:
         await producer.stop()
     assert written == {TopicPartition(topic, 0): 4}
-    assert [r.value for r in await read_committed(settings, topic)] == [b"0", b"1", b"2", b"3", b"4"]
+    await _committed(settings, topic, [b"0", b"1", b"2", b"3", b"4"])
 
 
 async def test_a_failed_commit_is_aborted_at_once(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -52,11 +53,26 @@ async def test_a_failed_commit_is_aborted_at_once(settings: Settings, monkeypatc
         monkeypatch.setattr(producer._producer, "commit_transaction", refused)
         with pytest.raises(KafkaError, match="step 4"):
             await producer.commit([Output(topic, b"k", b"lost")], None, "")
-        # records at 0, the abort marker at 1: the last stable offset is past both
-        assert (await reader.end_offsets([tp]))[tp] == 2
+        # records at 0, the abort marker at 1: the last stable offset is past both, within
+        # the moment the coordinator takes to write the marker after it answered
+        await wait_for(lambda: _end_offset(reader, tp, 2), timeout_s=10, what="the abort marker")
         monkeypatch.undo()
         await producer.commit([Output(topic, b"k", b"kept")], None, "")
     finally:
         await reader.stop()
         await producer.stop()
-    assert [r.value for r in await read_committed(settings, topic)] == [b"kept"]
+    await _committed(settings, topic, [b"kept"])
+
+
+async def _committed(settings: Settings, topic: str, values: list[bytes]) -> None:
+    """read_committed reads `values`, once the commit's marker is there: the coordinator
+    answers a commit before the partition has its marker (a few milliseconds later)."""
+
+    async def read() -> bool:
+        return [r.value for r in await read_committed(settings, topic)] == values
+
+    await wait_for(read, timeout_s=10, what=f"{values} committed")
+
+
+async def _end_offset(reader: AIOKafkaConsumer, tp: TopicPartition, offset: int) -> bool:
+    return bool((await reader.end_offsets([tp]))[tp] == offset)

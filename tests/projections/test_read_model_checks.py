@@ -169,3 +169,10 @@ def test_a_batchs_failure_is_told_by_the_read_models_own_exception() -> None:
     assert "\n" not in told and len(told) < 300
     assert str(RunFailed("ticket_board", OSError(28, "No space left on device"))) == "ticket_board failed: OSError: [Errno 28] No space left on device"
     assert str(RunFailed("ticket_board", KeyError("amount"))) == "ticket_board failed: KeyError: 'amount'"
+    # Spark's own, with its SQL state and the plan after; py4j's lead line before a Java error
+    analysis = "[DELTA_MERGE_UNRESOLVED_EXPRESSION] Cannot resolve s.amount in UPDATE clause SQLSTATE: 42601;\n'MergeIntoTable (...)"
+    assert str(RunFailed("ticket_board", RuntimeError(analysis))) == (
+        "ticket_board failed: RuntimeError: [DELTA_MERGE_UNRESOLVED_EXPRESSION] Cannot resolve s.amount in UPDATE clause"
+    )
+    java = "An error occurred while calling o123.save.\n: java.io.IOException: No space left on device SQLSTATE: 58030\n\tat ..."
+    assert str(RunFailed("ticket_board", RuntimeError(java))) == "ticket_board failed: java.io.IOException: No space left on device"

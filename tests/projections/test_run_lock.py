@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from esk.projections.catalog import Projection, Tables
+from esk.projections.catalog import Keepers, Projection, Tables
 from esk.projections.run_lock import GenerationBusy, GenerationLock
 from esk.settings import Settings
 
@@ -146,15 +146,18 @@ def test_a_look_at_the_holder_as_a_run_starts_does_not_refuse_it(tmp_path: Path)
 def test_the_keepers_are_the_runs_of_the_generation_readers_use_and_of_the_next(tmp_path: Path) -> None:
     tables = Tables(tmp_path)
     with _held_elsewhere(tables.run_lock("totals", 1).path) as first:
-        assert list(tables.keepers("totals")) == [1]  # no readers yet: the first generation, being built
+        keepers = tables.keepers("totals")  # no readers yet: the first generation, being built
+        assert keepers.current is None and list(keepers.runs) == [1] and keepers.standing_still() is None
         tables.switch("totals", 1)
         with _held_elsewhere(tables.run_lock("totals", 2).path) as rebuild:
             keepers = tables.keepers("totals")
-            assert list(keepers) == [1, 2]
-            assert keepers[1].startswith(f"pid {first.pid} on ") and keepers[2].startswith(f"pid {rebuild.pid} on ")
-        assert list(tables.keepers("totals")) == [1]
-    assert tables.keepers("totals") == {}
-    assert tables.keepers("never-run") == {}
+            assert keepers.current == 1 and list(keepers.runs) == [1, 2] and keepers.standing_still() is None
+            assert keepers.runs[1].startswith(f"pid {first.pid} on ") and keepers.runs[2].startswith(f"pid {rebuild.pid} on ")
+        assert tables.keepers("totals") == Keepers(1, {1: keepers.runs[1]})
+    assert tables.keepers("totals") == Keepers(1, {})
+    with _held_elsewhere(tables.run_lock("totals", 2).path):
+        assert tables.keepers("totals").standing_still() == 1  # no run keeps it while g2 is built
+    assert tables.keepers("never-run") == Keepers(None, {})
 
 
 def test_the_generation_held_is_the_one_readers_use_a_new_one_to_rebuild_or_the_first(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
 from ..kafka.topics import TopicNames
-from ..metrics import READ_MODEL_LAG, READ_MODEL_POSITION
+from ..metrics import READ_MODEL_LAG, READ_MODEL_PARKED, READ_MODEL_POSITION
 from ..projections.catalog import needs_spark_extra
 from ..projections.positions import Positions
 from ..projections.positions import as_json as positions_json
@@ -217,15 +217,14 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
         keepers = await asyncio.to_thread(read_models.keepers, name)
         if keepers is None:
             return problem
-        current = read_models.tables.current_generation(name)
-        if problem.code == "projection_not_built" and keepers:
+        if problem.code == "projection_not_built" and keepers.runs:
             problem.detail = f"{name} has not been built yet: a run is building it"
-        elif current is not None and current not in keepers and current + 1 in keepers:
+        elif (current := keepers.standing_still()) is not None:
             problem.detail += (
                 f"; generation {current + 1} is being built beside it (a changed read model, or a rebuild), "
                 f"and readers stay on {current}, which stands still, until it has caught up"
             )
-        elif not keepers:
+        elif not keepers.runs:
             problem.detail += f"; {NO_RUN}"
         return problem
 
@@ -318,6 +317,7 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
         heads = history.positions() if history is not None and history.ready.is_set() else None
         for name in read_model_names:
             try:
+                READ_MODEL_PARKED.labels(name).set(len(read_models.parked(name)))
                 positions = read_models.positions(name)
             except ReadModelNotBuilt:
                 positions = {}  # behind by every event there is

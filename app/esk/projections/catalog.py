@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ..domain.aggregate import AggregateType
 from ..registry import by_name, load_object, load_optional
 from ..settings import Settings
+from .parking import ParkedAggregates
 from .run_lock import GenerationBusy, GenerationLock
 
 if TYPE_CHECKING:
@@ -115,8 +116,9 @@ class BatchWriter:
 
     @property
     def planning(self) -> bool:
-        """True while a run's start only plans the read model's `apply`, over no events
-        (PlanCheck): side effects of its own (a log line, a metric) belong to real batches."""
+        """True while a run only plans the read model's `apply`, over no events at its start
+        (PlanCheck), or probes a failed batch's events (Probe): side effects of its own (a
+        log line, a metric) belong to real batches."""
         return False
 
     def read(self) -> DataFrame:
@@ -270,6 +272,28 @@ class PlanCheck(BatchWriter):
         held = self.columns.fieldNames()
         if unknown := [column for column in columns if column not in held]:
             raise ReadModelMistake(f"{what} {', '.join(unknown)}, which its table does not have (its columns: {', '.join(held)})")
+
+
+@dataclass(frozen=True)
+class Probe(BatchWriter):
+    """A BatchWriter that computes each write's rows and writes none (Spark's `noop`
+    format): the runner probes parts of a batch that failed with it, to find the event
+    that fails it (parking.py). A write of the read model's own (`run`) ends a probe,
+    which then counts as passing: what that write does cannot be probed."""
+
+    @property
+    def planning(self) -> bool:
+        return True
+
+    def merge(self, source: DataFrame, spec: Merge, step: str = "merge") -> int:
+        return self.append(source, step)
+
+    def append(self, rows: DataFrame, step: str = "append") -> int:
+        rows.write.format("noop").mode("overwrite").save()
+        return 0
+
+    def run(self, step: str, write: Callable[[], T]) -> T:
+        raise PlanEnds(step)
 
 
 @contextmanager
@@ -436,6 +460,21 @@ def needs_spark_extra(error: ImportError) -> bool:
     return isinstance(error, ModuleNotFoundError) and (error.name or "").partition(".")[0] in SPARK_EXTRA
 
 
+@dataclass(frozen=True)
+class Keepers:
+    """Who keeps a read model up, as one look at the warehouse saw it: the generation
+    readers use (None: none built yet), and the holder of each generation's run lock."""
+
+    current: int | None
+    runs: dict[int, str]
+
+    def standing_still(self) -> int | None:
+        """The generation readers use, when no run keeps it while one builds the next beside
+        it: readers see it stand still until the next has caught up."""
+        current = self.current
+        return current if current is not None and current not in self.runs and current + 1 in self.runs else None
+
+
 class Tables:
     def __init__(self, warehouse: Path) -> None:
         # Absolute: Delta's table builder reads a relative location such as the default
@@ -458,17 +497,22 @@ class Tables:
     def checkpoint(self, name: str, generation: int) -> Path:
         return self.warehouse / "_checkpoints" / name / f"g{generation}"
 
+    def parked(self, name: str, generation: int) -> ParkedAggregates:
+        """The aggregates the generation holds back (parking.py): in its checkpoint folder,
+        which goes when the generation starts over or is retired."""
+        return ParkedAggregates(self.checkpoint(name, generation))
+
     def run_lock(self, name: str, generation: int) -> GenerationLock:
         """The lock a run of the generation holds (run_lock.py): beside its checkpoint, which
         a run starting the generation over removes, and out of readers' way."""
         return GenerationLock(self.checkpoint(name, generation).with_suffix(".lock"), name, generation)
 
-    def keepers(self, name: str) -> dict[int, str]:
+    def keepers(self, name: str) -> Keepers:
         """The runs keeping `name` now, by generation: the one readers use and the one a
         rebuild would build next. A continuous run waiting as a standby holds nothing."""
         current = self.current_generation(name)
         generations = [1] if current is None else [current, current + 1]
-        return {g: holder for g in generations if (holder := self.run_lock(name, g).holder()) is not None}
+        return Keepers(current, {g: holder for g in generations if (holder := self.run_lock(name, g).holder()) is not None})
 
     def generations(self, name: str) -> list[int]:
         """Every generation of `name` with something on disk: a table, a checkpoint, a lock."""

@@ -6,7 +6,8 @@ from datetime import UTC, date, datetime
 from typing import Any
 
 from ..settings import Settings
-from .catalog import ReadModel, Tables, arrow_dataset, configured_read_models
+from .catalog import Keepers, ReadModel, Tables, arrow_dataset, configured_read_models
+from .parking import ParkedAggregate
 from .positions import Positions, read_model_positions
 
 
@@ -47,13 +48,19 @@ class ReadModelRows:
     def read(self, name: str, filters: dict[str, str], limit: int) -> list[dict[str, Any]]:
         return read_rows(self.tables, self.model(name), filters, limit)
 
-    def keepers(self, name: str) -> dict[int, str] | None:
+    def keepers(self, name: str) -> Keepers | None:
         """The runs keeping the read model's generations now (Tables.keepers); None when this
         process cannot tell (the warehouse's locks cannot be read from here)."""
         try:
             return self.tables.keepers(name)
         except OSError:
             return None
+
+    def parked(self, name: str) -> list[ParkedAggregate]:
+        """The aggregates the read model's current table holds back (parking.py)."""
+        self.model(name)
+        generation = self.tables.current_generation(name)
+        return [] if generation is None else self.tables.parked(name, generation).load()
 
     def positions(self, name: str) -> Positions:
         """What the read model's current table reflects (see projections.positions)."""

@@ -38,8 +38,9 @@ from rich.console import Console
 
 from ..registry import load_registry
 from ..settings import Settings
-from .catalog import BatchWriter, PlanCheck, Projection, ReadModel, ReadModelMistake, Tables, session_conf
+from .catalog import BatchWriter, PlanCheck, PlanEnds, Probe, Projection, ReadModel, ReadModelMistake, Tables, session_conf
 from .events import decode, event_stream, no_events, older_version, reading, upcast
+from .parking import ParkedAggregate, find_parked, held_back
 from .run_lock import GRACE_S, GenerationBusy, GenerationLock
 from .session import spark_session
 
@@ -184,19 +185,16 @@ def _built_otherwise(spark: SparkSession, tables: Tables, projection: Projection
     """Whether `generation` was built by another version of the read model (other columns,
     partitioning or version): a continuous run then builds a new one from the earliest
     offsets, as `--rebuild` does, where a one-shot run is refused."""
-    from deltalake import DeltaTable as DeltaRs
-
     model = projection.model
     path = tables.path(model.name, generation)
-    if not DeltaRs.is_deltatable(str(path)):  # nothing built yet to differ
+    if not _is_table(path):  # nothing built yet to differ
         return False
-    if _version(DeltaRs(str(path))) > model.version:
-        return False  # built by newer code than this run's: refused, not built back
-    changes = _changes(path, spark.createDataFrame([], projection.columns).schema, model)
-    if not changes:
+    built = _as_built(path, spark.createDataFrame([], projection.columns).schema, model)
+    # built by newer code than this run's: refused, not built back
+    if built is None or not built.changes or built.version > model.version:
         return False
     console.print(
-        f"{model.name}: generation {generation} was built by another version of the read model ({'; '.join(changes)}): "
+        f"{model.name}: generation {generation} was built by another version of the read model ({'; '.join(built.changes)}): "
         f"building generation {generation + 1} from the earliest offsets; readers stay on {generation} until it has caught up",
         highlight=False,
     )
@@ -275,6 +273,11 @@ def _keep(
     catching_up.set()
     categories = projection.model.categories
     older = older_version(settings, categories)
+    parking = tables.parked(name, generation)
+    parked = parking.load()
+
+    def stopping() -> bool:
+        return stop.asked.is_set() or leaving.is_set()
 
     def batch(records: DataFrame, batch_id: int) -> None:
         if not (beside and catching_up.is_set()):
@@ -302,19 +305,17 @@ def _keep(
                 upcast_kept = events = upcast(events, settings, categories).persist()
                 upcast_kept.count()
                 kept.unpersist()  # the upcast cache is built: it no longer needs this one
+            if parked:
+                events = events.filter(~held_back(parked))
             on_driver = count <= settings.projections.driver_write_max_events
             writer = BatchWriter(spark, app_id, batch_id, str(path), on_driver, schema, count)
-            if not count:
-                rows = 0
-            elif on_driver:
-                # One partition, its shuffles too: each partition is a task to schedule, and
-                # adaptive execution, which would merge near-empty shuffle partitions, is off
-                # in a streaming query's batches.
-                with session_conf(events.sparkSession, {"spark.sql.shuffle.partitions": "1"}), reading(name, projection.model.reads):
-                    rows = projection.apply(events.coalesce(1), writer)
-            else:
-                with reading(name, projection.model.reads):
-                    rows = projection.apply(events, writer)
+            try:
+                rows = apply(events, writer) if count else 0
+            except Exception as error:
+                newly = park(events, batch_id, on_driver, count, error)
+                writer.release()
+                writer = BatchWriter(spark, app_id, batch_id, str(path), on_driver, schema, count)
+                rows = apply(events.filter(~held_back(newly)), writer)
             if (batch_id + 1) % COMPACT_EVERY == 0:
                 _compact(str(path))
         finally:
@@ -330,6 +331,53 @@ def _keep(
             f"{name} g{generation} batch {batch_id}: {count:,} events, {rows:,} rows merged in {time.perf_counter() - started:.2f}s",
             highlight=False,
         )
+
+    def apply(events: DataFrame, writer: BatchWriter) -> int:
+        if not writer.on_driver:
+            with reading(name, projection.model.reads):
+                return projection.apply(events, writer)
+        # One partition, its shuffles too: each partition is a task to schedule, and adaptive
+        # execution, which would merge near-empty shuffle partitions, is off in a streaming
+        # query's batches.
+        with session_conf(events.sparkSession, {"spark.sql.shuffle.partitions": "1"}), reading(name, projection.model.reads):
+            return projection.apply(events.coalesce(1), writer)
+
+    def park(events: DataFrame, batch_id: int, on_driver: bool, count: int, error: Exception) -> list[ParkedAggregate]:
+        """The aggregates that the batch, failed with `error`, holds back from now on (saved
+        before its write); `error` again when no event is to blame (parking.find_parked), or
+        parking is off, or a stop cut the batch short."""
+        if not settings.projections.park_failing_events or not count or stopping():
+            raise error
+        console.print(f"{name} g{generation} batch {batch_id} failed ({_in_a_line(error)}): looking for the event that fails it",
+                      highlight=False)
+
+        def fails(part: DataFrame) -> str | None:
+            if stopping():
+                raise error
+            probe = Probe(spark, app_id, batch_id, str(path), on_driver, schema, count)
+            try:
+                apply(part, probe)
+            except PlanEnds:
+                return None
+            except Exception as failure:
+                return _in_a_line(failure)
+            finally:
+                probe.release()
+            return None
+
+        newly = find_parked(events, batch_id, fails, len(parked))
+        if not newly or stopping():
+            raise error
+        parking.add(batch_id, newly)
+        parked.extend(newly)
+        for p in newly:
+            console.print(
+                f"{name} g{generation}: parked {p.aggregate_type} {p.aggregate_id!r}: its {p.event_type} at partition "
+                f"{p.partition}, offset {p.offset}, fails the read model ({p.reason}); its events are held back from there "
+                "until a rebuild (`esk project parked` lists them)",
+                highlight=False,
+            )
+        return newly
 
     def writer() -> DataStreamWriter:
         return (
@@ -430,8 +478,13 @@ def _in_a_line(error: BaseException) -> str:
             return f"{raised[0]} (in a batch: {text.splitlines()[0][:200]})"
     lines = text.splitlines()
     if len(lines) > 1 and lines[0].startswith("An error occurred while calling"):  # py4j's: the Java error follows
-        return lines[1].lstrip(": ")
-    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+        return _first_line(lines[1].lstrip(": "))
+    return f"{type(error).__name__}: {_first_line(text)}" if lines else type(error).__name__
+
+
+def _first_line(told: str) -> str:
+    """A Spark error's first line, without the SQL state and the plan it prints after."""
+    return re.sub(r"\s*SQLSTATE: \w+.*", "", told.strip().splitlines()[0]) if told.strip() else ""
 
 
 def run_several(
@@ -574,9 +627,7 @@ def _check_plan(spark: SparkSession, projection: Projection, app_id: str, path: 
         with reading(projection.model.name, projection.model.reads):
             projection.apply(no_events(spark), PlanCheck(spark, app_id, -1, str(path), schema=schema))
     except (AnalysisException, ReadModelMistake) as error:
-        told = (error.getMessage() if isinstance(error, AnalysisException) else str(error)).strip()
-        # Spark's message, without its SQL state and the plan it prints after
-        first = re.sub(r"\s*SQLSTATE: \w+.*", "", told.splitlines()[0]) if told else type(error).__name__
+        first = _first_line(error.getMessage() if isinstance(error, AnalysisException) else str(error)) or type(error).__name__
         raise ReadModelInvalid(f"its apply, planned over no events at the run's start, fails: {first}") from error
     except Exception:  # PlanEnds (a write of its own), or code that wants rows: left to the batches
         pass
@@ -635,36 +686,46 @@ def _table_fits(path: Path, checkpoint: Path, schema: StructType, model: ReadMod
     another: a generation readers use (`read`) is refused, naming the changes; one still
     being built (a first run or a rebuild that stopped before readers moved to it) is
     removed, checkpoint and all, to start over."""
-    changes = _changes(path, schema, model)
-    if changes is None:
+    built = _as_built(path, schema, model)
+    if built is None:
         return False
-    if not changes:
+    if not built.changes:
         return True
     if read:
-        raise ReadModelChanged(f"the table at {path} is not what the read model declares ({'; '.join(changes)})")
+        raise ReadModelChanged(f"the table at {path} is not what the read model declares ({'; '.join(built.changes)})")
     shutil.rmtree(path)
     shutil.rmtree(checkpoint, ignore_errors=True)
     return False
 
 
-def _changes(path: Path, schema: StructType, model: ReadModel) -> list[str] | None:
-    """How the table at `path` differs from what `model` declares (its columns `schema`);
-    None when there is no table. (Read with delta-rs: Spark would rebuild the table's
-    snapshot, seconds of a one-shot run on a big table.)"""
+@dataclass(frozen=True)
+class _Built:
+    """A table as it was built: the ReadModel.version that built it, and how it differs
+    from what the read model declares now (nothing: it fits)."""
+
+    version: int
+    changes: list[str]
+
+
+def _as_built(path: Path, schema: StructType, model: ReadModel) -> _Built | None:
+    """The table at `path` against what `model` declares (its columns `schema`); None when
+    there is no table. (Read with delta-rs: Spark would rebuild the table's snapshot,
+    seconds of a one-shot run on a big table.)"""
     from deltalake import DeltaTable as DeltaRs
 
-    if not DeltaRs.is_deltatable(str(path)):
+    if not _is_table(path):
         return None
     table = DeltaRs(str(path))
     metadata = table.metadata()
     changes = table_changes(json.loads(table.schema().to_json()), metadata.partition_columns, schema, model.partition_by)
-    built_by = _version(table)
-    return changes + ([f"version {built_by}, now {model.version}"] if built_by != model.version else [])
+    built_by = int(metadata.configuration.get(VERSION_PROPERTY, "1"))
+    return _Built(built_by, changes + ([f"version {built_by}, now {model.version}"] if built_by != model.version else []))
 
 
-def _version(table: Any) -> int:
-    """The ReadModel.version a table (delta-rs's) was built by."""
-    return int(table.metadata().configuration.get(VERSION_PROPERTY, "1"))
+def _is_table(path: Path) -> bool:
+    from deltalake import DeltaTable as DeltaRs
+
+    return bool(DeltaRs.is_deltatable(str(path)))
 
 
 def table_changes(

@@ -1,0 +1,218 @@
+"""Parked aggregates: an event that fails a read model's batch is found, and its aggregate
+held back from there, while every other aggregate goes on; how the event is found (pure),
+and a user's read model that fails on one event, against the real broker and Spark."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from esk.projections.parking import PARKED_PER_BATCH_MAX, ParkedAggregate, ParkedAggregates, Prefix, Span, first_failing
+
+# -- finding the event (pure) ----------------------------------------------------------
+
+
+def _fails_on(poison: set[tuple[int, int]], probes: list[Prefix]) -> Callable[[Prefix], bool]:
+    """A batch that fails when it holds an event of `poison` (span index, offset)."""
+
+    def fails(prefix: Prefix) -> bool:
+        probes.append(prefix)
+        return any(i < prefix.index or (i == prefix.index and offset <= prefix.offset) for i, offset in poison)
+
+    return fails
+
+
+SPANS = (Span("orders", 0, 100, 1099), Span("orders", 1, 0, 9), Span("orders", 2, 50, 50), Span("users", 0, 7, 500_006))
+
+
+@pytest.mark.parametrize(
+    ("poison", "found"),
+    [
+        ({(0, 100)}, (0, 100)),  # the batch's very first event
+        ({(3, 500_006)}, (3, 500_006)),  # its last
+        ({(2, 50)}, (2, 50)),  # a partition of one event
+        ({(1, 4), (3, 9000), (0, 1099)}, (0, 1099)),  # several: the first, in the spans' order
+        ({(3, 123_456), (3, 123_457)}, (3, 123_456)),
+    ],
+)
+def test_the_first_failing_event_is_found_by_bisection(poison: set[tuple[int, int]], found: tuple[int, int]) -> None:
+    probes: list[Prefix] = []
+    prefix = first_failing(SPANS, _fails_on(poison, probes))
+    assert prefix is not None and (prefix.index, prefix.offset) == found
+    # the whole batch, then log2 of the spans and of the span's offsets, not an event at a time
+    assert len(probes) <= 1 + 2 + 19, len(probes)
+
+
+def test_a_batch_that_does_not_fail_as_a_whole_has_no_failing_event() -> None:
+    probes: list[Prefix] = []
+    assert first_failing(SPANS, _fails_on(set(), probes)) is None
+    assert len(probes) == 1
+    assert first_failing((), _fails_on({(0, 0)}, [])) is None
+
+
+def test_parked_aggregates_are_kept_per_batch_and_written_again_as_the_same(tmp_path: Path) -> None:
+    parking = ParkedAggregates(tmp_path / "g1")
+    assert parking.load() == []
+    first = ParkedAggregate("orders", "o-7", 2, 41, "Placed", "ValueError: no such status", batch_id=3)
+    second = ParkedAggregate("orders", "o-9", 0, 17, "Shipped", "[DIVIDE_BY_ZERO] Division by zero", batch_id=12)
+    parking.add(12, [second])
+    parking.add(3, [first])
+    parking.add(3, [first])  # the batch ran again after a crash
+    assert parking.load() == [first, second]  # in the batches' order
+    assert not list((tmp_path / "g1" / "esk-parked").glob("*.tmp"))
+
+
+# -- a user's read model that fails on one event (Kafka and Spark) ----------------------
+
+
+pyspark = pytest.importorskip("pyspark")
+
+from pyspark.sql import DataFrame, SparkSession  # noqa: E402
+from pyspark.sql import functions as F  # noqa: E402
+from typer.testing import CliRunner  # noqa: E402
+
+import esk  # noqa: E402
+from esk.cli import cli  # noqa: E402
+from esk.projections.catalog import Tables  # noqa: E402
+from esk.projections.reader import ReadModelRows  # noqa: E402
+from esk.projections.runner import run  # noqa: E402
+from esk.settings import Settings  # noqa: E402
+from tests.counters import Added, counters  # noqa: E402
+from tests.system import system  # noqa: E402
+
+UNLUCKY = 13
+
+
+def _lucky_totals(events: DataFrame, writer: esk.BatchWriter) -> int:
+    """Each counter's total, for a read model that cannot take an addition of 13 (Spark
+    raises on that row, as it does on a cast ANSI SQL refuses, or a division by zero)."""
+    n = esk.payload(counters, Added)["n"]
+    checked = F.when(n == UNLUCKY, F.raise_error(F.lit("13 is not a number this read model takes"))).otherwise(n)
+    rows = (
+        events.filter(esk.of(counters))
+        .groupBy(F.col("aggregate_id").alias("counter_id"))
+        .agg(F.sum(F.coalesce(checked, F.lit(0))).alias("total"), F.max("version").alias("version"))
+    )
+    return writer.merge(
+        rows,
+        esk.Merge(on="t.counter_id = s.counter_id", update={"total": "t.total + s.total", "version": "s.version"}, update_if="s.version > t.version"),
+    )
+
+
+READ_MODELS = [
+    esk.Projection(
+        esk.ReadModel("lucky_totals", (counters,), "each counter's total, 13s refused", order_by=("counter_id",)),
+        "counter_id STRING, total BIGINT, version BIGINT",
+        _lucky_totals,
+    )
+]
+[LUCKY] = READ_MODELS
+
+
+@pytest.mark.kafka
+@pytest.mark.spark
+@pytest.mark.parametrize("on_driver", [True, False], ids=["delta-rs", "spark-merge"])
+async def test_an_event_that_fails_the_read_model_parks_its_aggregate_and_the_others_go_on(
+    settings: Settings, spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, on_driver: bool
+) -> None:
+    settings = settings.model_copy(
+        update={
+            "domain": "tests.counters:AGGREGATES",
+            "read_models": f"{__name__}:READ_MODELS",
+            "projections": settings.projections.model_copy(
+                update={"warehouse_dir": tmp_path / "warehouse", "driver_write_max_events": 20_000 if on_driver else 0}
+            ),
+        }
+    )
+    rows = ReadModelRows(settings)
+    tables = Tables(settings.projections.warehouse_dir)
+    said = io.StringIO()
+    console = Console(file=said, soft_wrap=True, width=250)
+    async with system(settings) as s:
+
+        async def send(counter: str, command: str, body: dict[str, int]) -> None:
+            assert (await s.client.post(f"/v1/counters/{counter}/{command}", json=body)).status_code == 200
+
+        for counter in ("c1", "c2", "c3", "c4"):
+            await send(counter, "start", {})
+        for counter, n in (("c1", 2), ("c2", 5), ("c2", UNLUCKY), ("c2", 1), ("c3", 4), ("c4", UNLUCKY)):
+            await send(counter, "add", {"n": n})
+        await asyncio.to_thread(run, settings, LUCKY, spark=spark, console=console)
+
+        everything = {r["counter_id"]: (r["total"], r["version"]) for r in rows.read("lucky_totals", {}, limit=10)}
+        # c2 up to its 13 (its start and its 5), c4 up to its 13 (its start); the others whole
+        assert everything == {"c1": (2, 2), "c2": (5, 2), "c3": (4, 2), "c4": (0, 1)}, said.getvalue()
+        parked = rows.parked("lucky_totals")
+        assert sorted((p.aggregate_id, p.event_type, p.batch_id) for p in parked) == [("c2", "Added", 0), ("c4", "Added", 0)]
+        assert all("13 is not a number this read model takes" in p.reason for p in parked), parked
+        assert tables.parked("lucky_totals", 1).load() == parked
+
+        # the next batch: a parked aggregate's later events stay out, the others' go in
+        await send("c2", "add", {"n": 100})
+        await send("c1", "add", {"n": 10})
+        await asyncio.to_thread(run, settings, LUCKY, spark=spark, console=console)
+        everything = {r["counter_id"]: (r["total"], r["version"]) for r in rows.read("lucky_totals", {}, limit=10)}
+        assert everything == {"c1": (12, 3), "c2": (5, 2), "c3": (4, 2), "c4": (0, 1)}, said.getvalue()
+        assert len(rows.parked("lucky_totals")) == 2  # parked once, not again
+
+    output = said.getvalue()
+    assert "lucky_totals g1 batch 0 failed (" in output and "looking for the event that fails it" in output
+    assert "lucky_totals g1: parked counters 'c2': its Added at partition" in output
+
+    # what an operator sees
+    for name, value in {
+        "ESK_APP": settings.app,
+        "ESK_DOMAIN": settings.domain,
+        "ESK_READ_MODELS": settings.read_models,
+        "ESK_PROJECTIONS__WAREHOUSE_DIR": str(settings.projections.warehouse_dir),
+        "COLUMNS": "250",
+    }.items():
+        monkeypatch.setenv(name, value)
+    listed = CliRunner().invoke(cli, ["project", "parked", "lucky_totals", "--format", "csv"])
+    assert listed.exit_code == 0, listed.output
+    lines = listed.output.splitlines()
+    assert lines[0] == "aggregate_type,aggregate_id,event_type,partition,offset,batch,parked_at,reason"
+    assert sorted(line.split(",")[1] for line in lines[1:]) == ["c2", "c4"], listed.output
+    listed = CliRunner().invoke(cli, ["project", "list", "--format", "csv"])
+    assert listed.exit_code == 0 and listed.output.splitlines()[1].endswith(",2"), listed.output
+    unknown = CliRunner().invoke(cli, ["project", "parked", "lucky_total"])
+    assert unknown.exit_code == 1 and "no read model 'lucky_total'" in unknown.output
+
+
+@pytest.mark.kafka
+@pytest.mark.spark
+async def test_a_read_model_that_fails_on_every_event_parks_nothing_and_fails(
+    settings: Settings, spark: SparkSession, tmp_path: Path
+) -> None:
+    """A failure that is the read model's, not an event's (on every event of a kind, here)
+    parks nothing: past PARKED_PER_BATCH_MAX aggregates, the batch fails, as with parking
+    off, and so does the run."""
+
+    def failing_on_every_row(events: DataFrame, writer: esk.BatchWriter) -> int:
+        rows = events.select(
+            F.raise_error(F.lit("the read model's own bug")).cast("string").alias("counter_id"), F.lit(0).cast("long").alias("total"), "version"
+        )
+        return writer.merge(rows, esk.Merge(on="t.counter_id = s.counter_id"))
+
+    broken = esk.Projection(LUCKY.model, LUCKY.columns, failing_on_every_row)
+    settings = settings.model_copy(
+        update={
+            "domain": "tests.counters:AGGREGATES",
+            "read_models": f"{__name__}:READ_MODELS",
+            "projections": settings.projections.model_copy(update={"warehouse_dir": tmp_path / "warehouse"}),
+        }
+    )
+    said = io.StringIO()
+    async with system(settings) as s:
+        for counter in [f"c{n}" for n in range(PARKED_PER_BATCH_MAX + 2)]:
+            assert (await s.client.post(f"/v1/counters/{counter}/start", json={})).status_code == 200
+        with pytest.raises(Exception, match="the read model's own bug"):
+            await asyncio.to_thread(run, settings, broken, spark=spark, console=Console(file=said, soft_wrap=True))
+    assert Tables(settings.projections.warehouse_dir).parked("lucky_totals", 1).load() == []
+    assert "parked" not in said.getvalue()
+    assert "looking for the event that fails it" in said.getvalue()
