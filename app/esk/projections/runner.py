@@ -345,8 +345,9 @@ def _keep(
     def park(events: DataFrame, batch_id: int, on_driver: bool, count: int, error: Exception) -> list[ParkedAggregate]:
         """The aggregates that the batch, failed with `error`, holds back from now on (saved
         before its write); `error` again when no event is to blame (parking.find_parked), or
-        parking is off, or a stop cut the batch short."""
-        if not settings.projections.park_failing_events or not count or stopping():
+        parking is off, or a stop cut the batch short. Only Spark's failures computing rows
+        are an event's: an exception of the read model's own Python code is its code's."""
+        if not settings.projections.park_failing_events or not count or stopping() or not _spark_failure(error):
             raise error
         console.print(f"{name} g{generation} batch {batch_id} failed ({_in_a_line(error)}): looking for the event that fails it",
                       highlight=False)
@@ -360,6 +361,8 @@ def _keep(
             except PlanEnds:
                 return None
             except Exception as failure:
+                if not _spark_failure(failure):
+                    raise error from failure
                 return _in_a_line(failure)
             finally:
                 probe.release()
@@ -480,6 +483,12 @@ def _in_a_line(error: BaseException) -> str:
     if len(lines) > 1 and lines[0].startswith("An error occurred while calling"):  # py4j's: the Java error follows
         return _first_line(lines[1].lstrip(": "))
     return f"{type(error).__name__}: {_first_line(text)}" if lines else type(error).__name__
+
+
+def _spark_failure(error: BaseException) -> bool:
+    """Whether `error` is Spark's (a job's, its Python UDF's, its analysis's), as PySpark
+    raises them, not one of Python code on the driver."""
+    return isinstance(error, (Py4JJavaError, CapturedException))
 
 
 def _first_line(told: str) -> str:
