@@ -12,7 +12,15 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from esk.projections.parking import PARKED_PER_BATCH_MAX, ParkedAggregate, ParkedAggregates, Prefix, Span, first_failing
+from esk.projections.parking import (
+    PARKED_PER_BATCH_MAX,
+    ParkedAggregate,
+    ParkedAggregates,
+    Prefix,
+    Span,
+    first_failing,
+    held_back,
+)
 
 # -- finding the event (pure) ----------------------------------------------------------
 
@@ -112,6 +120,21 @@ READ_MODELS = [
     )
 ]
 [LUCKY] = READ_MODELS
+
+
+@pytest.mark.spark
+def test_held_back_are_a_parked_aggregates_events_from_its_parked_one_on_and_nothing_else(spark: SparkSession) -> None:
+    events = spark.createDataFrame(
+        [("counters", "c2", 0, 3), ("counters", "c2", 0, 4), ("counters", "c2", 0, 9), ("counters", "c1", 0, 5),
+         ("users", "c2", 0, 6), (None, None, 0, 7)],  # another type's c2; a record that does not decode
+        "aggregate_type string, aggregate_id string, kafka_partition int, kafka_offset bigint",
+    )
+    parked = [ParkedAggregate("counters", "c2", 0, 4, "Added", "failed", batch_id=0)]
+    kept = events.filter(~held_back(parked)).orderBy("kafka_offset").collect()
+    assert [(r.aggregate_type, r.aggregate_id, r.kafka_offset) for r in kept] == [
+        ("counters", "c2", 3), ("counters", "c1", 5), ("users", "c2", 6), (None, None, 7)
+    ]
+    assert events.filter(~held_back([])).count() == 6
 
 
 @pytest.mark.kafka

@@ -84,7 +84,7 @@ class ParkedAggregates:
 class Span:
     """The offsets of one Kafka partition's events in a batch."""
 
-    aggregate_type: str  # whose topic
+    aggregate_type: str | None  # whose topic (None: records that do not decode)
     partition: int
     first: int
     last: int
@@ -134,10 +134,13 @@ def held_back(parked: Sequence[ParkedAggregate]) -> Column:
     """True on the events `parked` holds back: each aggregate's from its parked event on."""
     from pyspark.sql import functions as F
 
+    # Null-safe: a record that does not decode has no type nor id, and a null here would
+    # make `~held_back` null too, and drop it unseen.
     condition = F.lit(False)
     for p in parked:
         earlier = (F.col("kafka_partition") == p.partition) & (F.col("kafka_offset") < p.offset)
-        condition = condition | ((F.col("aggregate_type") == p.aggregate_type) & (F.col("aggregate_id") == p.aggregate_id) & ~earlier)
+        aggregate = F.col("aggregate_type").eqNullSafe(p.aggregate_type) & F.col("aggregate_id").eqNullSafe(p.aggregate_id)
+        condition = condition | (aggregate & ~earlier)
     return condition
 
 
@@ -145,7 +148,7 @@ def _within(prefix: Prefix) -> Column:
     from pyspark.sql import functions as F
 
     def span_of(span: Span) -> Column:
-        return (F.col("aggregate_type") == span.aggregate_type) & (F.col("kafka_partition") == span.partition)
+        return F.col("aggregate_type").eqNullSafe(F.lit(span.aggregate_type)) & (F.col("kafka_partition") == span.partition)
 
     condition = span_of(prefix.spans[prefix.index]) & (F.col("kafka_offset") <= prefix.offset)
     for span in prefix.spans[: prefix.index]:
@@ -186,13 +189,13 @@ def find_parked(events: DataFrame, batch_id: int, fails: Callable[[DataFrame], s
             return []  # it fails over no events too: its code, not an event
         span = failing.spans[failing.index]
         event = (
-            remaining.filter((F.col("aggregate_type") == span.aggregate_type) & (F.col("kafka_partition") == span.partition)
+            remaining.filter(F.col("aggregate_type").eqNullSafe(F.lit(span.aggregate_type)) & (F.col("kafka_partition") == span.partition)
                              & (F.col("kafka_offset") == failing.offset))
             .select("aggregate_id", "type")
             .first()
         )
-        if event is None:  # no event there: what fails is not an event's
-            return []
+        if event is None or span.aggregate_type is None or event["aggregate_id"] is None:
+            return []  # no event there (what fails is not an event's), or one that does not decode
         found.append(ParkedAggregate(span.aggregate_type, event["aggregate_id"], span.partition, failing.offset, event["type"],
                                      reasons[failing], batch_id))
     return []
