@@ -239,3 +239,33 @@ async def test_a_read_model_that_fails_on_every_event_parks_nothing_and_fails(
     assert Tables(settings.projections.warehouse_dir).parked("lucky_totals", 1).load() == []
     assert "parked" not in said.getvalue()
     assert "looking for the event that fails it" in said.getvalue()
+
+
+@pytest.mark.kafka
+@pytest.mark.spark
+async def test_a_batch_whose_earlier_step_was_written_parks_nothing(settings: Settings, spark: SparkSession, tmp_path: Path) -> None:
+    """A read model that writes in steps, the second failing on an event: the first step's
+    write holds the event already, and would not be written again without it (each step is
+    exactly once), so the batch fails rather than park half of it."""
+
+    def in_two_steps(events: DataFrame, writer: esk.BatchWriter) -> int:
+        counted = events.filter(esk.of(counters)).groupBy(F.col("aggregate_id").alias("counter_id")).agg(
+            F.lit(0).cast("long").alias("total"), F.max("version").alias("version")
+        )
+        writer.merge(counted, esk.Merge(on="t.counter_id = s.counter_id", update={"version": "s.version"}), step="versions")
+        return _lucky_totals(events, writer)
+
+    settings = settings.model_copy(
+        update={
+            "domain": "tests.counters:AGGREGATES",
+            "read_models": f"{__name__}:READ_MODELS",
+            "projections": settings.projections.model_copy(update={"warehouse_dir": tmp_path / "warehouse"}),
+        }
+    )
+    async with system(settings) as s:
+        for command, body in (("start", {}), ("add", {"n": UNLUCKY})):
+            assert (await s.client.post(f"/v1/counters/c1/{command}", json=body)).status_code == 200
+        with pytest.raises(Exception, match="13 is not a number this read model takes"):
+            await asyncio.to_thread(run, settings, esk.Projection(LUCKY.model, LUCKY.columns, in_two_steps), spark=spark,
+                                    console=Console(file=io.StringIO()))
+    assert Tables(settings.projections.warehouse_dir).parked("lucky_totals", 1).load() == []

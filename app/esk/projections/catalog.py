@@ -109,6 +109,7 @@ class BatchWriter:
     schema: StructType | None = None  # the table's columns; None: read from the table
     events: int = 0  # the batch's: at least as many as the keys any lookup of it is given
     cached: list[DataFrame] = field(default_factory=list)  # by `cache`, until `release`
+    written: list[str] = field(default_factory=list)  # the steps of the batch in the table now
 
     @property
     def columns(self) -> StructType:
@@ -201,7 +202,9 @@ class BatchWriter:
             "spark.databricks.delta.write.txnVersion": str(self.batch_id),
         }
         with session_conf(self.spark, transaction):
-            return write()
+            done = write()
+        self.written.append(step)
+        return done
 
     def _on_driver(self, step: str, write: Callable[[Any, Any], int]) -> int:
         """`write(table, transaction)` with delta-rs, unless this batch's write is in the
@@ -212,9 +215,9 @@ class BatchWriter:
         app_id = f"{self.app_id}.{step}"
         table = DeltaTable(self.path)
         written = table.transaction_version(app_id)  # batch ids start at 0: not `or -1`
-        if written is not None and written >= self.batch_id:
-            return 0
-        return write(table, Transaction(app_id, self.batch_id))
+        done = 0 if written is not None and written >= self.batch_id else write(table, Transaction(app_id, self.batch_id))
+        self.written.append(step)
+        return done
 
 
 class ReadModelMistake(TypeError):

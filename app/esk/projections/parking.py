@@ -30,8 +30,10 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
 # Parked aggregates at most, per generation: past them, what fails is the read model, not an
-# event, and its batch fails as it would without parking.
-PARKED_MAX = 100
+# event, and its batch fails as it would without parking. Few: a read model that fails on
+# every event of a kind, in batches of one or two events (a continuous run's), parks each
+# batch's aggregate until then, events that its fix and a rebuild take in again.
+PARKED_MAX = 20
 # Aggregates one batch parks at most: past them, its failure is told instead (a read model
 # that fails on every event of a kind, say, rather than on one).
 PARKED_PER_BATCH_MAX = 5
@@ -63,7 +65,7 @@ class ParkedAggregates:
         if not self.folder.is_dir():
             return []
         parked: list[ParkedAggregate] = []
-        for file in sorted(self.folder.glob("*.json"), key=lambda f: int(f.stem)):
+        for file in sorted((f for f in self.folder.glob("*.json") if f.stem.isdigit()), key=lambda f: int(f.stem)):
             parked.extend(msgspec.json.decode(file.read_bytes(), type=list[ParkedAggregate]))
         return parked
 
@@ -78,6 +80,11 @@ class ParkedAggregates:
             out.flush()
             os.fsync(out.fileno())
         written.replace(file)
+        folder = os.open(self.folder, os.O_RDONLY)
+        try:  # the rename itself, durable before the batch's write
+            os.fsync(folder)
+        finally:
+            os.close(folder)
 
 
 @dataclass(frozen=True)
@@ -158,10 +165,11 @@ def _within(prefix: Prefix) -> Column:
 
 def find_parked(events: DataFrame, batch_id: int, fails: Callable[[DataFrame], str | None], parked: int) -> list[ParkedAggregate]:
     """The aggregates to hold back so that the read model's batch (`events`, decoded) no
-    longer `fails` (which tells why, or None), found one at a time (first_failing); none
-    when the batch as a whole does not fail (what failed is its write, or no event of it),
-    or when more would be needed than a batch (PARKED_PER_BATCH_MAX) or a generation
-    (`parked` there already, PARKED_MAX) may park: the read model itself fails, then."""
+    longer `fails` (which tells why, or None), found one at a time (first_failing). None
+    when the read model itself fails, not an event: the batch as a whole does not fail
+    (what failed is its write), or fails over no events too, or would hold back every
+    aggregate it has (two or more), or more than a batch (PARKED_PER_BATCH_MAX) or a
+    generation (`parked` there already, PARKED_MAX) may park."""
     from pyspark.sql import functions as F
 
     spans = tuple(
@@ -172,7 +180,7 @@ def find_parked(events: DataFrame, batch_id: int, fails: Callable[[DataFrame], s
         .collect()
     )
     found: list[ParkedAggregate] = []
-    while len(found) < min(PARKED_PER_BATCH_MAX, PARKED_MAX - parked):
+    while True:
         remaining = events.filter(~held_back(found)) if found else events
         reasons: dict[Prefix, str] = {}
 
@@ -184,9 +192,12 @@ def find_parked(events: DataFrame, batch_id: int, fails: Callable[[DataFrame], s
 
         failing = first_failing(spans, prefix_fails)
         if failing is None:
-            return found
+            every = len(found) > 1 and events.select("aggregate_type", "aggregate_id").distinct().count() == len(found)
+            return [] if every else found
         if failing.index == 0 and failing.offset == spans[0].first and fails(remaining.limit(0)) is not None:
             return []  # it fails over no events too: its code, not an event
+        if len(found) >= min(PARKED_PER_BATCH_MAX, PARKED_MAX - parked):
+            return []
         span = failing.spans[failing.index]
         event = (
             remaining.filter(F.col("aggregate_type").eqNullSafe(F.lit(span.aggregate_type)) & (F.col("kafka_partition") == span.partition)
@@ -198,4 +209,3 @@ def find_parked(events: DataFrame, batch_id: int, fails: Callable[[DataFrame], s
             return []  # no event there (what fails is not an event's), or one that does not decode
         found.append(ParkedAggregate(span.aggregate_type, event["aggregate_id"], span.partition, failing.offset, event["type"],
                                      reasons[failing], batch_id))
-    return []

@@ -299,20 +299,24 @@ def _keep(
         upcast_kept: DataFrame | None = None
         writer: BatchWriter | None = None
         try:
-            events = decode(kept)
-            count, stale = _counts(kept, events, older)
-            if stale:
-                upcast_kept = events = upcast(events, settings, categories).persist()
-                upcast_kept.count()
-                kept.unpersist()  # the upcast cache is built: it no longer needs this one
-            if parked:
-                events = events.filter(~held_back(parked))
+            decoded = decode(kept)
+            if parked:  # before the upcasting too, which may be what fails on them
+                decoded = decoded.filter(~held_back(parked))
+            count, stale = _counts(kept, decoded, older)
             on_driver = count <= settings.projections.driver_write_max_events
             writer = BatchWriter(spark, app_id, batch_id, str(path), on_driver, schema, count)
             try:
+                events = decoded
+                if stale:
+                    upcast_kept = events = upcast(decoded, settings, categories).persist()
+                    upcast_kept.count()
+                    kept.unpersist()  # the upcast cache is built: it no longer needs this one
                 rows = apply(events, writer) if count else 0
             except Exception as error:
-                newly = park(events, batch_id, on_driver, count, error)
+                # Probed and written again from the decoded events, upcast anew (not cached:
+                # the upcasting may be what failed): a path a batch seldom takes.
+                events = upcast(decoded, settings, categories) if stale else decoded
+                newly = park(events, batch_id, writer, error)
                 writer.release()
                 writer = BatchWriter(spark, app_id, batch_id, str(path), on_driver, schema, count)
                 rows = apply(events.filter(~held_back(newly)), writer)
@@ -342,35 +346,49 @@ def _keep(
         with session_conf(events.sparkSession, {"spark.sql.shuffle.partitions": "1"}), reading(name, projection.model.reads):
             return projection.apply(events.coalesce(1), writer)
 
-    def park(events: DataFrame, batch_id: int, on_driver: bool, count: int, error: Exception) -> list[ParkedAggregate]:
-        """The aggregates that the batch, failed with `error`, holds back from now on (saved
-        before its write); `error` again when no event is to blame (parking.find_parked), or
-        parking is off, or a stop cut the batch short. Only Spark's failures computing rows
-        are an event's: an exception of the read model's own Python code is its code's."""
-        if not settings.projections.park_failing_events or not count or stopping() or not _spark_failure(error):
+    def park(events: DataFrame, batch_id: int, writer: BatchWriter, error: Exception) -> list[ParkedAggregate]:
+        """The aggregates that the batch, failed with `error` (`writer`'s), holds back from
+        now on (saved before its write); `error` again when no event is to blame
+        (parking.find_parked), or parking is off. Only Spark's failures computing rows are an
+        event's: an exception of the read model's own Python code is its code's. Nor is a
+        batch of a read model that wrote a step of it already parked: that step holds the
+        event, and would not be written again without it."""
+        if stopping():
+            raise BatchInterrupted(INTERRUPTED_BY_STOP) from error
+        kind = _failure_kind(error)
+        if not settings.projections.park_failing_events or not writer.events or kind is None or writer.written:
             raise error
         console.print(f"{name} g{generation} batch {batch_id} failed ({_in_a_line(error)}): looking for the event that fails it",
                       highlight=False)
 
         def fails(part: DataFrame) -> str | None:
-            if stopping():
-                raise error
-            probe = Probe(spark, app_id, batch_id, str(path), on_driver, schema, count)
+            """Why `part` fails as the batch did; None when it does not fail. Another failure
+            (a lost executor, memory) tells nothing of the events: the batch fails then."""
+            probe = Probe(spark, app_id, batch_id, str(path), writer.on_driver, schema, writer.events)
             try:
                 apply(part, probe)
             except PlanEnds:
                 return None
             except Exception as failure:
-                if not _spark_failure(failure):
+                if stopping():
+                    raise BatchInterrupted(INTERRUPTED_BY_STOP) from failure
+                if _failure_kind(failure) != kind:
                     raise error from failure
                 return _in_a_line(failure)
             finally:
                 probe.release()
             return None
 
-        newly = find_parked(events, batch_id, fails, len(parked))
-        if not newly or stopping():
+        _quiet_while_planning()  # a failing probe is no news: Spark's loggers would print each
+        token = _PLANNING.set(True)
+        try:
+            newly = find_parked(events, batch_id, fails, len(parked))
+        finally:
+            _PLANNING.reset(token)
+        if not newly:
             raise error
+        if stopping():
+            raise BatchInterrupted(INTERRUPTED_BY_STOP) from error
         parking.add(batch_id, newly)
         parked.extend(newly)
         for p in newly:
@@ -485,10 +503,16 @@ def _in_a_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {_first_line(text)}" if lines else type(error).__name__
 
 
-def _spark_failure(error: BaseException) -> bool:
-    """Whether `error` is Spark's (a job's, its Python UDF's, its analysis's), as PySpark
-    raises them, not one of Python code on the driver."""
-    return isinstance(error, (Py4JJavaError, CapturedException))
+def _failure_kind(error: BaseException) -> tuple[str, str | None] | None:
+    """What kind of Spark failure `error` is (a job's, its Python UDF's, as PySpark raises
+    them): its class and Spark's error condition; None for one of Python code on the
+    driver."""
+    if isinstance(error, Py4JJavaError):
+        return "java", str(error.java_exception.getClass().getName())
+    if isinstance(error, CapturedException):
+        condition = getattr(error, "getCondition", None)
+        return type(error).__name__, condition() if callable(condition) else None
+    return None
 
 
 def _first_line(told: str) -> str:
