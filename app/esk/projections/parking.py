@@ -46,7 +46,7 @@ class ParkedAggregate(msgspec.Struct, frozen=True):
     aggregate_id: str
     partition: int
     offset: int
-    event_type: str  # of the event that failed the batch
+    event_type: str | None  # of the event that failed the batch (None: its envelope had none)
     reason: str
     batch_id: int
     parked_at: int = msgspec.field(default_factory=now_ms)
