@@ -14,6 +14,7 @@ from rich.console import Console
 
 from esk.projections.parking import (
     PARKED_PER_BATCH_MAX,
+    SAME_FAILURE_MAX,
     ParkedAggregate,
     ParkedAggregates,
     Prefix,
@@ -183,6 +184,18 @@ async def test_an_event_that_fails_the_read_model_parks_its_aggregate_and_the_ot
         assert everything == {"c1": (12, 3), "c2": (5, 2), "c3": (4, 2), "c4": (0, 1)}, said.getvalue()
         assert len(rows.parked("lucky_totals")) == 2  # parked once, not again
 
+        # the same failure once more, in a batch of its own: a one-off still, parked
+        await send("c5", "start", {})
+        await send("c5", "add", {"n": UNLUCKY})
+        await asyncio.to_thread(run, settings, LUCKY, spark=spark, console=console)
+        assert sorted(p.aggregate_id for p in rows.parked("lucky_totals")) == ["c2", "c4", "c5"]
+        # and again: SAME_FAILURE_MAX times the same failure on Added is the read model's
+        await send("c6", "start", {})
+        await send("c6", "add", {"n": UNLUCKY})
+        with pytest.raises(Exception, match="13 is not a number this read model takes"):
+            await asyncio.to_thread(run, settings, LUCKY, spark=spark, console=console)
+        assert len(rows.parked("lucky_totals")) == SAME_FAILURE_MAX
+
     output = said.getvalue()
     assert "lucky_totals g1 batch 0 failed (" in output and "looking for the event that fails it" in output
     assert "lucky_totals g1: parked counters 'c2': its Added at partition" in output
@@ -200,9 +213,9 @@ async def test_an_event_that_fails_the_read_model_parks_its_aggregate_and_the_ot
     assert listed.exit_code == 0, listed.output
     lines = listed.output.splitlines()
     assert lines[0] == "aggregate_type,aggregate_id,event_type,partition,offset,batch,parked_at,reason"
-    assert sorted(line.split(",")[1] for line in lines[1:]) == ["c2", "c4"], listed.output
+    assert sorted(line.split(",")[1] for line in lines[1:]) == ["c2", "c4", "c5"], listed.output
     listed = CliRunner().invoke(cli, ["project", "list", "--format", "csv"])
-    assert listed.exit_code == 0 and listed.output.splitlines()[1].endswith(",2"), listed.output
+    assert listed.exit_code == 0 and listed.output.splitlines()[1].endswith(",3"), listed.output
     unknown = CliRunner().invoke(cli, ["project", "parked", "lucky_total"])
     assert unknown.exit_code == 1 and "no read model 'lucky_total'" in unknown.output
 

@@ -37,6 +37,10 @@ PARKED_MAX = 20
 # Aggregates one batch parks at most: past them, its failure is told instead (a read model
 # that fails on every event of a kind, say, rather than on one).
 PARKED_PER_BATCH_MAX = 5
+# Aggregates a generation parks at most for one failure (the same Spark error on the same
+# event type), across batches: a poison event is a one-off, and the same failure again and
+# again is the read model's, on every event of a kind, however small its batches.
+SAME_FAILURE_MAX = 3
 
 
 class ParkedAggregate(msgspec.Struct, frozen=True):
@@ -50,6 +54,7 @@ class ParkedAggregate(msgspec.Struct, frozen=True):
     reason: str
     batch_id: int
     parked_at: int = msgspec.field(default_factory=now_ms)
+    failure: str = ""  # Spark's error, as a kind (its class and condition): what SAME_FAILURE_MAX counts
 
 
 FOLDER = "esk-parked"
@@ -163,13 +168,16 @@ def _within(prefix: Prefix) -> Column:
     return condition
 
 
-def find_parked(events: DataFrame, batch_id: int, fails: Callable[[DataFrame], str | None], parked: int) -> list[ParkedAggregate]:
+def find_parked(
+    events: DataFrame, batch_id: int, fails: Callable[[DataFrame], str | None], failure: str, parked: Sequence[ParkedAggregate]
+) -> list[ParkedAggregate]:
     """The aggregates to hold back so that the read model's batch (`events`, decoded) no
-    longer `fails` (which tells why, or None), found one at a time (first_failing). None
-    when the read model itself fails, not an event: the batch as a whole does not fail
-    (what failed is its write), or fails over no events too, or would hold back every
-    aggregate it has (two or more), or more than a batch (PARKED_PER_BATCH_MAX) or a
-    generation (`parked` there already, PARKED_MAX) may park."""
+    longer `fails` with `failure` (`fails` tells why, or None), found one at a time
+    (first_failing). None when the read model itself fails, not an event: the batch as a
+    whole does not fail (what failed is its write), or fails over no events too, or would
+    hold back every aggregate it has (two or more), or more than a batch
+    (PARKED_PER_BATCH_MAX) or a generation (`parked` there already: PARKED_MAX, and
+    SAME_FAILURE_MAX for one event type's failure) may park."""
     from pyspark.sql import functions as F
 
     spans = tuple(
@@ -196,7 +204,7 @@ def find_parked(events: DataFrame, batch_id: int, fails: Callable[[DataFrame], s
             return [] if every else found
         if failing.index == 0 and failing.offset == spans[0].first and fails(remaining.limit(0)) is not None:
             return []  # it fails over no events too: its code, not an event
-        if len(found) >= min(PARKED_PER_BATCH_MAX, PARKED_MAX - parked):
+        if len(found) >= min(PARKED_PER_BATCH_MAX, PARKED_MAX - len(parked)):
             return []
         span = failing.spans[failing.index]
         event = (
@@ -207,5 +215,8 @@ def find_parked(events: DataFrame, batch_id: int, fails: Callable[[DataFrame], s
         )
         if event is None or span.aggregate_type is None or event["aggregate_id"] is None:
             return []  # no event there (what fails is not an event's), or one that does not decode
+        same = [p for p in (*parked, *found) if (p.aggregate_type, p.event_type, p.failure) == (span.aggregate_type, event["type"], failure)]
+        if len(same) >= SAME_FAILURE_MAX:
+            return []
         found.append(ParkedAggregate(span.aggregate_type, event["aggregate_id"], span.partition, failing.offset, event["type"],
-                                     reasons[failing], batch_id))
+                                     reasons[failing], batch_id, failure=failure))

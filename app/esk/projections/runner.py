@@ -382,7 +382,7 @@ def _keep(
         _quiet_while_planning()  # a failing probe is no news: Spark's loggers would print each
         token = _PLANNING.set(True)
         try:
-            newly = find_parked(events, batch_id, fails, len(parked))
+            newly = find_parked(events, batch_id, fails, "/".join(filter(None, kind)), parked)
         finally:
             _PLANNING.reset(token)
         if not newly:
