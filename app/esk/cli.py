@@ -252,7 +252,7 @@ def project_list(
             holder if generation == current else f"building g{generation}: {holder}"
             for generation, holder in tables.keepers(model.name).runs.items()
         ]
-        parked = len(tables.parked(model.name, current).load()) if current is not None else 0
+        parked = len(tables.parked_in(model.name, current))
         rows.append([model.name, list(model.categories), model.description, str(path) if path else None, reflects, keepers, parked])
     if output != "json":  # a cell of text: lists on lines of their own, nothing said plainly
         for row in rows:
@@ -280,8 +280,7 @@ def project_parked(
     except ValueError as error:
         raise fail(str(error)) from None
     tables = Tables(settings.projections.warehouse_dir)
-    current = tables.current_generation(name)
-    parked = tables.parked(name, current).load() if current is not None else []
+    parked = tables.parked_in(name, tables.current_generation(name))
     columns = ["aggregate_type", "aggregate_id", "event_type", "partition", "offset", "batch", "parked_at", "reason"]
     rows: list[list[Any]] = [
         [p.aggregate_type, p.aggregate_id, p.event_type, p.partition, p.offset, p.batch_id,

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ..domain.aggregate import AggregateType
 from ..registry import by_name, load_object, load_optional
 from ..settings import Settings
-from .parking import ParkedAggregates
+from .parking import ParkedAggregate, ParkedAggregates
 from .run_lock import GenerationBusy, GenerationLock
 
 if TYPE_CHECKING:
@@ -504,6 +504,10 @@ class Tables:
         """The aggregates the generation holds back (parking.py): in its checkpoint folder,
         which goes when the generation starts over or is retired."""
         return ParkedAggregates(self.checkpoint(name, generation))
+
+    def parked_in(self, name: str, generation: int | None) -> list[ParkedAggregate]:
+        """What `parked` holds for `generation`; none when there is none (nothing built)."""
+        return [] if generation is None else self.parked(name, generation).load()
 
     def run_lock(self, name: str, generation: int) -> GenerationLock:
         """The lock a run of the generation holds (run_lock.py): beside its checkpoint, which

@@ -59,8 +59,7 @@ class ReadModelRows:
     def parked(self, name: str) -> list[ParkedAggregate]:
         """The aggregates the read model's current table holds back (parking.py)."""
         self.model(name)
-        generation = self.tables.current_generation(name)
-        return [] if generation is None else self.tables.parked(name, generation).load()
+        return self.tables.parked_in(name, self.tables.current_generation(name))
 
     def positions(self, name: str) -> Positions:
         """What the read model's current table reflects (see projections.positions)."""

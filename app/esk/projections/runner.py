@@ -186,12 +186,12 @@ def _built_otherwise(spark: SparkSession, tables: Tables, projection: Projection
     partitioning or version): a continuous run then builds a new one from the earliest
     offsets, as `--rebuild` does, where a one-shot run is refused."""
     model = projection.model
-    path = tables.path(model.name, generation)
-    if not _is_table(path):  # nothing built yet to differ
+    table = _delta_table(tables.path(model.name, generation))
+    if table is None:  # nothing built yet to differ
         return False
-    built = _as_built(path, spark.createDataFrame([], projection.columns).schema, model)
+    built = _as_built(table, spark.createDataFrame([], projection.columns).schema, model)
     # built by newer code than this run's: refused, not built back
-    if built is None or not built.changes or built.version > model.version:
+    if not built.changes or built.version > model.version:
         return False
     console.print(
         f"{model.name}: generation {generation} was built by another version of the read model ({'; '.join(built.changes)}): "
@@ -303,8 +303,9 @@ def _keep(
             if parked:  # before the upcasting too, which may be what fails on them
                 decoded = decoded.filter(~held_back(parked))
             count, stale = _counts(kept, decoded, older)
-            on_driver = count <= settings.projections.driver_write_max_events
-            writer = BatchWriter(spark, app_id, batch_id, str(path), on_driver, schema, count)
+            for_batch = partial(BatchWriter, spark, app_id, batch_id, str(path), count <= settings.projections.driver_write_max_events,
+                                schema, count)
+            writer = for_batch()
             try:
                 events = decoded
                 if stale:
@@ -318,7 +319,7 @@ def _keep(
                 events = upcast(decoded, settings, categories) if stale else decoded
                 newly = park(events, batch_id, writer, error)
                 writer.release()
-                writer = BatchWriter(spark, app_id, batch_id, str(path), on_driver, schema, count)
+                writer = for_batch()
                 rows = apply(events.filter(~held_back(newly)), writer)
             if (batch_id + 1) % COMPACT_EVERY == 0:
                 _compact(str(path))
@@ -403,7 +404,7 @@ def _keep(
     def writer() -> DataStreamWriter:
         return (
             event_stream(spark, settings, categories, REBUILD_BESIDE_BATCH_MAX if beside else None)
-            .writeStream.foreachBatch(_interruptible(batch, lambda: stop.asked.is_set() or leaving.is_set()))
+            .writeStream.foreachBatch(_interruptible(batch, stopping))
             .option("checkpointLocation", str(tables.checkpoint(name, generation)))
         )
 
@@ -719,9 +720,10 @@ def _table_fits(path: Path, checkpoint: Path, schema: StructType, model: ReadMod
     another: a generation readers use (`read`) is refused, naming the changes; one still
     being built (a first run or a rebuild that stopped before readers moved to it) is
     removed, checkpoint and all, to start over."""
-    built = _as_built(path, schema, model)
-    if built is None:
+    table = _delta_table(path)
+    if table is None:
         return False
+    built = _as_built(table, schema, model)
     if not built.changes:
         return True
     if read:
@@ -740,25 +742,21 @@ class _Built:
     changes: list[str]
 
 
-def _as_built(path: Path, schema: StructType, model: ReadModel) -> _Built | None:
-    """The table at `path` against what `model` declares (its columns `schema`); None when
-    there is no table. (Read with delta-rs: Spark would rebuild the table's snapshot,
-    seconds of a one-shot run on a big table.)"""
-    from deltalake import DeltaTable as DeltaRs
-
-    if not _is_table(path):
-        return None
-    table = DeltaRs(str(path))
+def _as_built(table: Any, schema: StructType, model: ReadModel) -> _Built:
+    """The table (delta-rs's, _delta_table) against what `model` declares (its columns
+    `schema`)."""
     metadata = table.metadata()
     changes = table_changes(json.loads(table.schema().to_json()), metadata.partition_columns, schema, model.partition_by)
     built_by = int(metadata.configuration.get(VERSION_PROPERTY, "1"))
     return _Built(built_by, changes + ([f"version {built_by}, now {model.version}"] if built_by != model.version else []))
 
 
-def _is_table(path: Path) -> bool:
+def _delta_table(path: Path) -> Any:
+    """The Delta table at `path`, read with delta-rs (Spark would rebuild the table's
+    snapshot, seconds of a one-shot run on a big table); None when there is none."""
     from deltalake import DeltaTable as DeltaRs
 
-    return bool(DeltaRs.is_deltatable(str(path)))
+    return DeltaRs(str(path)) if DeltaRs.is_deltatable(str(path)) else None
 
 
 def table_changes(
