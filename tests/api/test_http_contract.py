@@ -108,7 +108,9 @@ async def test_not_found_and_unknown_names(settings: Settings) -> None:
         r = await c.get("/v1/planets/p1")
         assert r.status_code == 404 and r.json()["code"] == "unknown_aggregate_type"
         r = await c.get("/v1/commands/never-sent")
-        assert r.status_code == 404
+        assert r.status_code == 404 and r.json()["code"] == "unknown_command_id"
+        r = await c.get("/v1/commands/z%0A%C2%88%09")  # control characters in the id (schemathesis found it)
+        assert r.status_code == 404 and r.json()["code"] == "unknown_command_id"
         r = await c.get("/nowhere")
         assert r.status_code == 404 and r.headers["content-type"] == PROBLEM
         # Command paths are matched as Starlette's router matches them: decoded, one segment per id.

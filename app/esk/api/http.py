@@ -18,6 +18,7 @@ import orjson
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.convertors import PathConvertor, register_url_convertor
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
@@ -44,6 +45,17 @@ from .tracing import TracingMiddleware
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+
+class _AnyText(PathConvertor):
+    """Starlette's `path`, line breaks and all: its `.*` stops at a newline, and a command
+    id with one (decoded from %0A) would then fall through to GET /v1/{type}/{id}, whose 404
+    is another problem than the outcome's."""
+
+    regex = "[\\s\\S]*"
+
+
+register_url_convertor("any_text", _AnyText())
 # Told with a read model's 503: nothing keeps it up, so waiting will not help.
 NO_RUN = "no run keeps it up now (`esk project list` says who keeps each read model; a driver's log, why it stopped)"
 
@@ -135,7 +147,7 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
     # -- commands ------------------------------------------------------------------
 
     # A command id may hold "/" (escaped as %2F, which the path arrives decoded from).
-    @router.get("/v1/commands/{command_id:path}")
+    @router.get("/v1/commands/{command_id:any_text}")
     async def get_command(command_id: str) -> Response:
         outcome = replica.outcome(command_id)
         if outcome is not None:
