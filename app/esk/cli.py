@@ -21,6 +21,8 @@ from .schema.lock import LOCK_FILE, LockError, build_lock, read_lock, write_lock
 from .settings import Settings
 
 if TYPE_CHECKING:
+    from rich.table import Table
+
     from .projections.catalog import Projection
     from .subscriptions.api import AnySubscription
 
@@ -533,7 +535,7 @@ def subscriptions_list() -> None:
         if isinstance(subscription, Reactor):
             handles += [f"outcome of {t.__name__}" for t in subscription.outcome_handlers]
         table.add_row(subscription.name, subscription.kind.value, ", ".join(a.name for a in subscription.reads), ", ".join(handles))
-    console.print(table)
+    print_table(table)
 
 
 @subscriptions_cli.command("status")
@@ -551,7 +553,7 @@ def subscriptions_status(
         table = Table("topic", "partition", "next offset", "end", "lag", title=f"{status.name} ({status.kind})")
         for p in status.partitions:
             table.add_row(p.topic, str(p.partition), "-" if p.next_offset is None else str(p.next_offset), str(p.end), str(p.lag))
-        console.print(table)
+        print_table(table)
         console.print(f"{status.name}: {'caught up' if status.caught_up else f'{status.lag:,} behind'}", highlight=False)
         if not status.caught_up:
             behind.append(status.name)
@@ -576,7 +578,7 @@ def subscriptions_parked(
         when = datetime.fromtimestamp(event.parked_at / 1000, UTC).isoformat(timespec="seconds")
         resolved = (event.status.value, event.resolved_by or "") if include_resolved else ()
         table.add_row(event.aggregate_id, event.event_type or "?", event.position, when, str(event.attempts), event.reason, *resolved)
-    console.print(table)
+    print_table(table)
     console.print(f"{name}: {sum(e.status == 'parked' for e in parked)} parked", highlight=False)
 
 
@@ -661,8 +663,13 @@ def print_rows(columns: list[str], rows: list[list[Any]], output: str) -> None:
         table = Table(*columns)
         for row in rows:
             table.add_row(*("" if v is None else str(v) for v in row))
-        # Piped or in a log, rich would cut the table to 80 columns: as wide as it needs then
-        (console if console.is_terminal else Console(width=10_000)).print(table)
+        print_table(table)
+
+
+def print_table(table: Table) -> None:
+    # Piped or in a log, rich would cut the table to 80 columns (a grep would miss what was
+    # cut): as wide as it needs then.
+    (console if console.is_terminal else Console(width=10_000)).print(table)
 
 
 def main() -> None:

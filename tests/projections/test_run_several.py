@@ -232,7 +232,7 @@ def test_esk_dev_keeps_the_read_models_up_in_one_driver(settings: Settings, tmp_
 
 @pytest.mark.kafka
 @pytest.mark.spark
-def test_a_read_model_that_fails_stops_the_others_and_esk_dev_goes_on_and_starts_them_again(settings: Settings, tmp_path: Path) -> None:
+def test_a_read_model_that_fails_stops_the_others_and_esk_dev_goes_on_and_will_start_them_again(settings: Settings, tmp_path: Path) -> None:
     with _esk_dev(settings, tmp_path, "WITH_A_BROKEN_ONE") as (dev, client, log, _):
         assert client.post("/v1/counters/c1/start", json={}).status_code == 200
         # `esk project run --all --continuous`: only the failure ends it, the healthy read
@@ -246,10 +246,8 @@ def test_a_read_model_that_fails_stops_the_others_and_esk_dev_goes_on_and_starts
         # commands need no read model: the rest goes on
         assert client.post("/v1/counters/c1/add", json={"n": 1}).status_code == 200
         assert _javas(psutil.Process(dev.pid)) == 0
-        # and the driver is started again (it fails again here, the bug being in the code),
-        # each time a little later
-        _until(lambda: "starting it again in 20 s" in log.read_text(), dev, log, "the driver to fail a second time", timeout_s=180)
-        assert log.read_text().count("broken failed:") == 2
+        # (that the driver is then started again, each time a little later:
+        # tests/operations/test_restarted_child.py)
         dev.send_signal(signal.SIGTERM)
         assert dev.wait(timeout=60) == 0, log.read_text()[-4000:]
 
