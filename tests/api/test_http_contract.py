@@ -159,7 +159,7 @@ async def test_bad_input_never_reaches_the_commands_topic(settings: Settings) ->
         assert commands == []
 
 
-async def test_a_retried_idempotency_key_returns_the_original_and_emits_nothing(settings: Settings) -> None:
+async def test_a_retried_idempotency_key_returns_the_original_and_emits_nothing_and_another_command_s_is_refused(settings: Settings) -> None:
     async with system(settings) as s:
         c, account = s.client, new_id()
         await open_account(c, account)
@@ -172,10 +172,19 @@ async def test_a_retried_idempotency_key_returns_the_original_and_emits_nothing(
         assert first.status_code == 200
         for retry in retries:
             assert retry.status_code == 200 and retry.json() == first.json()
+        # The key again, for another command or another aggregate: refused, not answered
+        # with the deposit's outcome
+        other = new_id()
+        await open_account(c, other)
+        for url in (f"/v1/accounts/{account}/withdraw", f"/v1/accounts/{other}/deposit"):
+            reused = await c.post(url, json={"amount": 10}, headers=key)
+            assert reused.status_code == 422 and reused.json()["code"] == "idempotency_key_reused", reused.text
+            assert f"is that of deposit on accounts/{account}" in reused.json()["detail"]
         r = await c.get(f"/v1/accounts/{account}")
         assert r.json()["state"]["balance"] == 10 and r.json()["version"] == 2
-        events = [v for k, v, _ in await read_topic(settings, events_topic(settings, "accounts")) if k == account.encode()]
-        assert [e["type"] for e in events] == ["Opened", "Deposited"]
+        events = await read_topic(settings, events_topic(settings, "accounts"))
+        assert [e["type"] for k, e, _ in events if k == account.encode()] == ["Opened", "Deposited"]
+        assert [e["type"] for k, e, _ in events if k == other.encode()] == ["Opened"]
 
 
 async def test_respond_async_and_the_command_resource(settings: Settings) -> None:

@@ -113,6 +113,8 @@ def json_response(body: Any, status: int = 200, headers: dict[str, str] | None =
 
 
 POSITION_HEADER = "Esk-Position"
+# The 422 code of a command whose Idempotency-Key is that of another command.
+IDEMPOTENCY_KEY_REUSED = "idempotency_key_reused"
 
 
 def etag(version: int) -> dict[str, str]:
@@ -139,6 +141,12 @@ def outcome_response(outcome: Outcome, position: Position | None = None) -> Resp
         return Problem(412, outcome.code or "precondition_failed", outcome.detail or "", headers, **extra).response()
     status = {NOT_FOUND: 404, ALREADY_EXISTS: 409, STATE_UNUSABLE: 500}.get(outcome.code or "", 422)
     return Problem(status, outcome.code or "rejected", outcome.detail or "", headers, **extra).response()
+
+
+def _outcome_of(outcome: Outcome, aggregate_type: AggregateType[Any], aggregate_id: str, command: str) -> bool:
+    """Whether `outcome` is that of `command` on the aggregate (not of another command under
+    the same id). The payloads are not compared: an outcome does not carry its command's."""
+    return (outcome.aggregate_type, outcome.aggregate_id, outcome.command) == (aggregate_type.name, aggregate_id, command)
 
 
 class CommandIntake:
@@ -176,6 +184,15 @@ class CommandIntake:
         # A retry whose outcome is known already is answered without touching Kafka.
         known = self.replica.outcome(command_id)
         if known is not None:
+            if not _outcome_of(known, aggregate_type, aggregate_id, name):
+                # a key reused for a new command: answering with the first one's outcome
+                # would tell of another aggregate or command
+                raise Problem(
+                    422, IDEMPOTENCY_KEY_REUSED,
+                    f"the Idempotency-Key {command_id!r} is that of {known.command} on "
+                    f"{known.aggregate_type}/{known.aggregate_id}: a new command needs a key of its own",
+                    command_id=command_id,
+                )
             return outcome_response(known, await self.positions.of(known))
         envelope = CommandEnvelope(
             command_id=command_id,
@@ -204,7 +221,12 @@ class CommandIntake:
             )
         self.pending.add(command_id)
         try:
-            outcome = await self.replica.wait_outcome(command_id, api.outcome_timeout_s)
+            # Only this command's: the outcome of another that came first under the same key
+            # (a reuse that this check and the one above could not tell apart in time) is
+            # not its answer, and whether it was handled or not, its own outcome tells.
+            outcome = await self.replica.wait_outcome(
+                command_id, lambda found: _outcome_of(found, aggregate_type, aggregate_id, name), api.outcome_timeout_s
+            )
         finally:
             self.pending.discard(command_id)
         if outcome is None:

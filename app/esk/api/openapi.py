@@ -24,7 +24,7 @@ from ..projections.catalog import Projection, configured_read_models
 from ..protocol import MAX_VERSION, STATE_UNUSABLE, Status
 from ..registry import Registry
 from ..settings import Settings
-from .commands import AGGREGATE_ID, COMMAND_ID, POSITION_HEADER, VERSION_TAG_PATTERN, command_url
+from .commands import AGGREGATE_ID, COMMAND_ID, IDEMPOTENCY_KEY_REUSED, POSITION_HEADER, VERSION_TAG_PATTERN, command_url
 from .problems import FIELD_ERROR_SCHEMA, PROBLEM_JSON, PROBLEM_SCHEMA
 
 log = logging.getLogger(__name__)
@@ -312,7 +312,7 @@ def _command_operation(aggregate_type: AggregateType[Any], name: str, model: typ
             "415": _problem("The body is not JSON (application/json or application/*+json)", "unsupported_media_type"),
             "422": _problem(
                 "Refused by the domain (its own code), an invalid payload (`invalid_payload`, with `errors`), "
-                "or the domain code failed (`domain_error`)",
+                f"the domain code failed (`domain_error`), or the Idempotency-Key is another command's (`{IDEMPOTENCY_KEY_REUSED}`)",
                 headers=optional_etag,
             ),
             "500": _problem(

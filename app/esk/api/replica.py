@@ -8,7 +8,7 @@ will see the version it reports.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from aiokafka import TopicPartition
@@ -51,8 +51,14 @@ class StateReplica(TopicFollower):
         raw = self.store.get(command_key(command_id)) if self.store else None
         return Outcome.decode(raw) if raw is not None else None
 
-    async def wait_outcome(self, command_id: str, timeout_s: float) -> Outcome | None:
-        return await self._wait(command_key(command_id), lambda: self.outcome(command_id), timeout_s)
+    async def wait_outcome(self, command_id: str, wanted: Callable[[Outcome], bool], timeout_s: float) -> Outcome | None:
+        """The command's outcome once there is one that is `wanted`, or None after `timeout_s`."""
+
+        def found() -> Outcome | None:
+            outcome = self.outcome(command_id)
+            return outcome if outcome is not None and wanted(outcome) else None
+
+        return await self._wait(command_key(command_id), found, timeout_s)
 
     async def wait_version(
         self, aggregate_type: str, aggregate_id: str, min_version: int, timeout_s: float
