@@ -83,11 +83,15 @@ tools-promtool:
 run: setup
 	$(ESK) dev
 
+# Two pytest processes, each with its own broker, PostgreSQL and Spark session, a test
+# file at a time on each: a file's tests share its fixtures, and run in order.
+PYTEST_WORKERS ?= -n 2 --dist loadfile
+
 # The gates first (seconds), then the suite against the real broker (minutes).
 test: setup tools-node tools-postgres tools-kubeconform tools-promtool
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
-	$(PY) -m pytest -p no:cacheprovider --durations=30
+	$(PY) -m pytest -p no:cacheprovider --durations=30 $(PYTEST_WORKERS)
 
 BENCH_STAMP := $(VENV)/.esk-bench-installed
 $(BENCH_STAMP): pyproject.toml $(VENV_STAMP)
