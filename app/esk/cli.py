@@ -266,6 +266,9 @@ def project_list(
 def project_parked(
     name: Annotated[str, typer.Argument(help="The read model.")],
     output: Annotated[str, typer.Option("--format", help="table, csv or json (an aggregate a line)")] = "table",
+    generation: Annotated[
+        int | None, typer.Option("--generation", help="Another generation than the one readers use: a rebuild on its way.")
+    ] = None,
 ) -> None:
     """The aggregates the read model holds back: an event of each failed its batch, and its
     events from there on wait out of the table until a rebuild (after a fix, a raised
@@ -282,7 +285,9 @@ def project_parked(
     except ValueError as error:
         raise fail(str(error)) from None
     tables = Tables(settings.projections.warehouse_dir)
-    parked = tables.parked_in(name, tables.current_generation(name))
+    if generation is not None and generation not in (generations := tables.generations(name)):
+        raise fail(f"{name} has no generation {generation} (it has: {', '.join(map(str, generations)) or 'none'})")
+    parked = tables.parked_in(name, tables.current_generation(name) if generation is None else generation)
     columns = ["aggregate_type", "aggregate_id", "event_type", "partition", "offset", "batch", "parked_at", "reason"]
     rows: list[list[Any]] = [
         [p.aggregate_type, p.aggregate_id, p.event_type, p.partition, p.offset, p.batch_id,

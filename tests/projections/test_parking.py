@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -218,6 +219,11 @@ async def test_an_event_that_fails_the_read_model_parks_its_aggregate_and_the_ot
     assert listed.exit_code == 0 and listed.output.splitlines()[1].endswith(",3"), listed.output
     unknown = CliRunner().invoke(cli, ["project", "parked", "lucky_total"])
     assert unknown.exit_code == 1 and "no read model 'lucky_total'" in unknown.output
+    # a generation by its number (a rebuild's, before readers move to it)
+    listed = CliRunner().invoke(cli, ["project", "parked", "lucky_totals", "--generation", "1", "--format", "json"])
+    assert listed.exit_code == 0 and sorted(json.loads(line)["aggregate_id"] for line in listed.output.splitlines()) == ["c2", "c4", "c5"]
+    unknown = CliRunner().invoke(cli, ["project", "parked", "lucky_totals", "--generation", "2"])
+    assert unknown.exit_code == 1 and "lucky_totals has no generation 2 (it has: 1)" in unknown.output
 
 
 @pytest.mark.kafka
