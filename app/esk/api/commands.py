@@ -221,9 +221,9 @@ class CommandIntake:
             )
         self.pending.add(command_id)
         try:
-            # Only this command's: the outcome of another that came first under the same key
-            # (a reuse that this check and the one above could not tell apart in time) is
-            # not its answer, and whether it was handled or not, its own outcome tells.
+            # This command's own outcome: under a key reused while the first command was in
+            # flight, that one's outcome may come first and is not this one's answer (none
+            # of its own comes when the processor drops it as a duplicate: outcome_pending).
             outcome = await self.replica.wait_outcome(
                 command_id, lambda found: _outcome_of(found, aggregate_type, aggregate_id, name), api.outcome_timeout_s
             )
