@@ -16,6 +16,7 @@ task's transaction touches one partition of each topic it writes, not most of th
 
 from __future__ import annotations
 
+import hashlib
 import operator
 import time
 from enum import StrEnum
@@ -154,6 +155,16 @@ class Status(StrEnum):
 STATE_UNUSABLE = "state_unusable"
 
 
+_CANONICAL = msgspec.json.Encoder(order="deterministic")
+
+
+def payload_digest(payload: dict[str, Any]) -> str:
+    """A digest of a command's payload, the same for the same JSON value whatever the order
+    of its keys: a retry under a command id must carry its first payload. Eight bytes tell
+    a client's mistake, which is all it is for."""
+    return hashlib.blake2b(_CANONICAL.encode(payload), digest_size=8).hexdigest()
+
+
 class Outcome(_Record, frozen=True):
     command_id: str
     aggregate_type: str
@@ -165,6 +176,7 @@ class Outcome(_Record, frozen=True):
     code: str | None = None
     detail: str | None = None
     processed_at: int = msgspec.field(default_factory=now_ms)
+    payload_digest: str | None = None  # payload_digest(the command's payload); None from releases before it
 
     @classmethod
     def of(
@@ -190,6 +202,7 @@ class Outcome(_Record, frozen=True):
             code,
             detail,
             processed_at,
+            payload_digest(envelope.payload),
         )
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from esk.kafka.reader import read_committed
 from esk.kafka.topics import TopicNames
+from esk.protocol import payload_digest
 from esk.registry import load_registry
 from esk.settings import Settings
 from tests.system import events_topic, processor, read_topic, system
@@ -172,14 +173,21 @@ async def test_a_retried_idempotency_key_returns_the_original_and_emits_nothing_
         assert first.status_code == 200
         for retry in retries:
             assert retry.status_code == 200 and retry.json() == first.json()
-        # The key again, for another command or another aggregate: refused, not answered
+        # The key again, for another command, aggregate or payload: refused, not answered
         # with the deposit's outcome
         other = new_id()
         await open_account(c, other)
-        for url in (f"/v1/accounts/{account}/withdraw", f"/v1/accounts/{other}/deposit"):
-            reused = await c.post(url, json={"amount": 10}, headers=key)
+        for url, body in (
+            (f"/v1/accounts/{account}/withdraw", {"amount": 10}),
+            (f"/v1/accounts/{other}/deposit", {"amount": 10}),
+            (f"/v1/accounts/{account}/deposit", {"amount": 20}),
+        ):
+            reused = await c.post(url, json=body, headers=key)
             assert reused.status_code == 422 and reused.json()["code"] == "idempotency_key_reused", reused.text
             assert f"is that of deposit on accounts/{account}" in reused.json()["detail"]
+        assert "with another payload" in reused.json()["detail"]
+        command = (await c.get(f"/v1/commands/dep-{account}")).json()
+        assert command["payload_digest"] == payload_digest({"amount": 10})
         r = await c.get(f"/v1/accounts/{account}")
         assert r.json()["state"]["balance"] == 10 and r.json()["version"] == 2
         events = await read_topic(settings, events_topic(settings, "accounts"))

@@ -30,7 +30,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from ..domain.aggregate import ALREADY_EXISTS, NOT_FOUND, AggregateType
 from ..metrics import HTTP_OUTCOME_TIMEOUTS
 from ..projections.positions import Position
-from ..protocol import STATE_UNUSABLE, CommandEnvelope, Outcome, Status
+from ..protocol import STATE_UNUSABLE, CommandEnvelope, Outcome, Status, payload_digest
 from ..settings import Settings
 from .gateway import CommandGateway
 from .positions import EventPositions
@@ -143,10 +143,13 @@ def outcome_response(outcome: Outcome, position: Position | None = None) -> Resp
     return Problem(status, outcome.code or "rejected", outcome.detail or "", headers, **extra).response()
 
 
-def _outcome_of(outcome: Outcome, aggregate_type: AggregateType[Any], aggregate_id: str, command: str) -> bool:
-    """Whether `outcome` is that of `command` on the aggregate (not of another command under
-    the same id). The payloads are not compared: an outcome does not carry its command's."""
-    return (outcome.aggregate_type, outcome.aggregate_id, outcome.command) == (aggregate_type.name, aggregate_id, command)
+def _outcome_of(outcome: Outcome, aggregate_type: AggregateType[Any], aggregate_id: str, command: str, digest: str) -> bool:
+    """Whether `outcome` is that of this command, with this payload (its `digest`), on the
+    aggregate: not of another command under the same id. An outcome of a release that kept
+    no digest is told by the command and aggregate alone."""
+    return (outcome.aggregate_type, outcome.aggregate_id, outcome.command) == (aggregate_type.name, aggregate_id, command) and (
+        outcome.payload_digest in (None, digest)
+    )
 
 
 class CommandIntake:
@@ -183,14 +186,17 @@ class CommandIntake:
 
         # A retry whose outcome is known already is answered without touching Kafka.
         known = self.replica.outcome(command_id)
+        digest = payload_digest(payload)
         if known is not None:
-            if not _outcome_of(known, aggregate_type, aggregate_id, name):
+            if not _outcome_of(known, aggregate_type, aggregate_id, name, digest):
                 # a key reused for a new command: answering with the first one's outcome
-                # would tell of another aggregate or command
+                # would tell of another aggregate, command or payload
                 raise Problem(
                     422, IDEMPOTENCY_KEY_REUSED,
                     f"the Idempotency-Key {command_id!r} is that of {known.command} on "
-                    f"{known.aggregate_type}/{known.aggregate_id}: a new command needs a key of its own",
+                    f"{known.aggregate_type}/{known.aggregate_id}"
+                    f"{' with another payload' if known.payload_digest not in (None, digest) else ''}"
+                    ": a new command needs a key of its own",
                     command_id=command_id,
                 )
             return outcome_response(known, await self.positions.of(known))
@@ -225,7 +231,7 @@ class CommandIntake:
             # flight, that one's outcome may come first and is not this one's answer (none
             # of its own comes when the processor drops it as a duplicate: outcome_pending).
             outcome = await self.replica.wait_outcome(
-                command_id, lambda found: _outcome_of(found, aggregate_type, aggregate_id, name), api.outcome_timeout_s
+                command_id, lambda found: _outcome_of(found, aggregate_type, aggregate_id, name, digest), api.outcome_timeout_s
             )
         finally:
             self.pending.discard(command_id)

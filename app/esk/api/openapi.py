@@ -195,6 +195,10 @@ def _components() -> Schema:
             "code": {"type": ["string", "null"]},
             "detail": {"type": ["string", "null"]},
             "processed_at": {"type": "integer", "description": "Milliseconds since the epoch"},
+            "payload_digest": {
+                "type": ["string", "null"],
+                "description": "A digest of the command's payload: a retry under its Idempotency-Key must carry the same payload",
+            },
             "http_status": {"type": "integer", "description": "What the command's POST answered, or would have"},
         }, "The outcome of a command"),
         "Aggregate": _object({"type": _string(), "id": _string(), "version": _count(1), "state": {"type": "object"}}),
