@@ -143,13 +143,15 @@ def outcome_response(outcome: Outcome, position: Position | None = None) -> Resp
     return Problem(status, outcome.code or "rejected", outcome.detail or "", headers, **extra).response()
 
 
-def _outcome_of(outcome: Outcome, aggregate_type: AggregateType[Any], aggregate_id: str, command: str, digest: str) -> bool:
-    """Whether `outcome` is that of this command, with this payload (its `digest`), on the
-    aggregate: not of another command under the same id. An outcome of a release that kept
-    no digest is told by the command and aggregate alone."""
-    return (outcome.aggregate_type, outcome.aggregate_id, outcome.command) == (aggregate_type.name, aggregate_id, command) and (
-        outcome.payload_digest in (None, digest)
-    )
+def _another_command(outcome: Outcome, aggregate_type: AggregateType[Any], aggregate_id: str, command: str, digest: str) -> str | None:
+    """Which other command `outcome` is of, under the same id ("deposit on accounts/a1 with
+    another payload"); None when it is this command's, with this payload (its `digest`), on
+    the aggregate. An outcome of a release that kept no digest is told by the command and
+    aggregate alone."""
+    other_payload = outcome.payload_digest not in (None, digest)
+    if (outcome.aggregate_type, outcome.aggregate_id, outcome.command) == (aggregate_type.name, aggregate_id, command) and not other_payload:
+        return None
+    return f"{outcome.command} on {outcome.aggregate_type}/{outcome.aggregate_id}{' with another payload' if other_payload else ''}"
 
 
 class CommandIntake:
@@ -188,15 +190,12 @@ class CommandIntake:
         known = self.replica.outcome(command_id)
         digest = payload_digest(payload)
         if known is not None:
-            if not _outcome_of(known, aggregate_type, aggregate_id, name, digest):
+            if (other := _another_command(known, aggregate_type, aggregate_id, name, digest)) is not None:
                 # a key reused for a new command: answering with the first one's outcome
                 # would tell of another aggregate, command or payload
                 raise Problem(
                     422, IDEMPOTENCY_KEY_REUSED,
-                    f"the Idempotency-Key {command_id!r} is that of {known.command} on "
-                    f"{known.aggregate_type}/{known.aggregate_id}"
-                    f"{' with another payload' if known.payload_digest not in (None, digest) else ''}"
-                    ": a new command needs a key of its own",
+                    f"the Idempotency-Key {command_id!r} is that of {other}: a new command needs a key of its own",
                     command_id=command_id,
                 )
             return outcome_response(known, await self.positions.of(known))
@@ -231,7 +230,7 @@ class CommandIntake:
             # flight, that one's outcome may come first and is not this one's answer (none
             # of its own comes when the processor drops it as a duplicate: outcome_pending).
             outcome = await self.replica.wait_outcome(
-                command_id, lambda found: _outcome_of(found, aggregate_type, aggregate_id, name, digest), api.outcome_timeout_s
+                command_id, lambda found: _another_command(found, aggregate_type, aggregate_id, name, digest) is None, api.outcome_timeout_s
             )
         finally:
             self.pending.discard(command_id)
