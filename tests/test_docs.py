@@ -1,0 +1,52 @@
+"""The contract in docs/product.md names every setting and every metric esk has: a new one
+that the docs do not tell of is a mistake found here, not by a user."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import get_args
+
+import prometheus_client
+from pydantic import BaseModel
+
+import esk.metrics  # noqa: F401  # defines esk's metrics in the default registry
+from esk.settings import Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = (ROOT / "docs" / "product.md").read_text() + (ROOT / "README.md").read_text()
+
+
+def _environment_names(model: type[BaseModel], prefix: str = "ESK_") -> Iterator[str]:
+    for name, field in model.model_fields.items():
+        groups = [kind for kind in (field.annotation, *get_args(field.annotation)) if isinstance(kind, type) and issubclass(kind, BaseModel)]
+        if groups:  # a group of settings, optional or not
+            yield from _environment_names(groups[0], f"{prefix}{name.upper()}__")
+        else:
+            yield f"{prefix}{name.upper()}"
+
+
+def _told(name: str) -> bool:
+    """`name` in full, as the tables shorten it (`…__PORT` beside its group's first), or
+    under a family the docs name with a star (`ESK_KAFKA__SASL_*`)."""
+    last = name.rsplit("__", 1)[-1]
+    families = re.findall(r"`(ESK_[A-Z_]+)\*`", DOCS)
+    return f"`{name}`" in DOCS or f"`…__{last}`" in DOCS or any(name.startswith(family) for family in families)
+
+
+def test_every_setting_is_in_the_docs() -> None:
+    names = list(_environment_names(Settings))
+    assert "ESK_API__OUTCOME_TIMEOUT_S" in names and "ESK_DOMAIN" in names
+    assert [name for name in names if not _told(name)] == []
+
+
+def test_every_metric_is_in_the_docs() -> None:
+    # a counter's family drops the `_total` its samples have
+    names = {
+        family.name + ("_total" if family.type == "counter" else "")
+        for family in prometheus_client.REGISTRY.collect()
+        if family.name.startswith("esk_")
+    }
+    assert "esk_commands_total" in names and "esk_commit_seconds" in names
+    assert sorted(name for name in names if not re.search(rf"`{name}[`{{]", DOCS)) == []
