@@ -1,9 +1,14 @@
 """EventPositions: where an accepted command's events are, for its answer (read-your-writes).
 
-The position is the last stable offset of the aggregate's events partition, looked up once
-the outcome is in (the command's transaction has committed, so every event of it lies
-below). Answers waiting at the same moment share one ListOffsets request, so the cost is
-one round trip to the broker per answer at most, not a request each.
+The position is the end of the aggregate's events partition as written (its high watermark,
+not its last stable offset), looked up once the outcome is in. The command's events were
+written before its transaction committed, so they lie below that end; but Kafka writes a
+transaction's commit markers partition by partition, so the outcome can be read while the
+events partition's marker is still to come, and its last stable offset then stands at or
+before the command's events. A reader given the position waits until it has read that
+partition up to it, which it can only do once every transaction below it is decided.
+Answers waiting at the same moment share one ListOffsets request, so the cost is one round
+trip to the broker per answer at most, not a request each.
 """
 
 from __future__ import annotations
@@ -13,9 +18,9 @@ import logging
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from ..kafka.client_options import client_options
 from ..kafka.metadata import topic_partitions
 from ..kafka.partitioner import partition_for
-from ..kafka.reader import committed_reader
 from ..kafka.topics import TopicNames
 from ..projections.positions import Position
 from ..protocol import Outcome
@@ -35,7 +40,11 @@ class EventPositions:
         self._partitions: dict[str, int] = {}  # of each events topic
 
     async def start(self) -> None:
-        self._consumer = committed_reader(self.settings, client_id=f"{self.settings.app}.api.positions")
+        # read_uncommitted: its end offsets are the partitions' high watermarks
+        self._consumer = AIOKafkaConsumer(
+            **client_options(self.settings), isolation_level="read_uncommitted", enable_auto_commit=False, group_id=None,
+            client_id=f"{self.settings.app}.api.positions",
+        )
         await self._consumer.start()
 
     async def stop(self) -> None:

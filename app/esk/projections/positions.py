@@ -1,9 +1,9 @@
 """Positions in the event streams: where a command's events are, and how far a read model
 has read. They are what read-your-writes compares; no Spark is needed to read them.
 
-A position is a topic partition and an offset on it. A command's answer carries the last
-stable offset of its aggregate's events partition as it was once the command's
-transaction had committed: every event of the command lies below it. A read model reflects
+A position is a topic partition and an offset on it. A command's answer carries the end
+of its aggregate's events partition as written once the command's outcome was in (its
+high watermark): every event of the command lies below it. A read model reflects
 a position once it has read that partition up to the offset. Its positions are those of
 the last micro-batch Structured Streaming finished: the checkpoint writes `commits/<n>`
 after batch n's Delta writes, and `offsets/<n>` holds where batch n ended.
