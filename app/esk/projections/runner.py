@@ -146,7 +146,13 @@ def run(
     # pod) moved readers to the generation it built, and then ends: this run keeps that one
     # up from now on, once that run has let go of it, or readers would see it stand still.
     console.print(f"{name}: readers were moved to generation {moved_to} by another run: keeping that one up now", highlight=False)
-    then = run(settings, projection, continuous, False, console, spark, stop, catch_up_turn, following=True)
+    try:
+        then = run(settings, projection, continuous, False, console, spark, stop, catch_up_turn, following=True)
+    except ReadModelChanged as error:
+        raise BuiltByOtherCode(
+            f"readers were moved to generation {moved_to}, built by other code than this run's ({error.changes}): this run "
+            "ends, and started again (as esk dev starts its driver) runs the code as it is then"
+        ) from error
     then.batches += summary.batches
     then.events += summary.events
     then.rows += summary.rows
@@ -472,7 +478,7 @@ class RunFailed(Exception):
     summaries of the read models that stopped because of it."""
 
     def __init__(self, name: str, error: BaseException, others: Sequence[RunSummary] = ()) -> None:
-        if isinstance(error, (GenerationBusy, ReadModelInvalid)):
+        if isinstance(error, (GenerationBusy, ReadModelInvalid, BuiltByOtherCode)):
             message = f"{name}: {error}"
         elif isinstance(error, ReadModelChanged):
             message = (
@@ -696,6 +702,15 @@ class ReadModelChanged(Exception):
     table was built with: a batch's rows would not fit it, or the rows already there were
     computed by another version of the read model."""
 
+    def __init__(self, path: Path, changes: str) -> None:
+        super().__init__(f"the table at {path} is not what the read model declares ({changes})")
+        self.changes = changes
+
+
+class BuiltByOtherCode(Exception):
+    """A continuous run followed readers to a generation that another run built from other
+    code than its own (a rebuild of newer code): it cannot keep that table up."""
+
 
 # The table property that records the ReadModel.version a table was built by (none: 1).
 VERSION_PROPERTY = "esk.readModel.version"
@@ -727,7 +742,7 @@ def _table_fits(path: Path, checkpoint: Path, schema: StructType, model: ReadMod
     if not built.changes:
         return True
     if read:
-        raise ReadModelChanged(f"the table at {path} is not what the read model declares ({'; '.join(built.changes)})")
+        raise ReadModelChanged(path, "; ".join(built.changes))
     shutil.rmtree(path)
     shutil.rmtree(checkpoint, ignore_errors=True)
     return False
