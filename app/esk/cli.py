@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import signal
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -189,11 +190,14 @@ def subscriber(name: Annotated[str, typer.Argument(help="A subscription (see `es
 
 
 @cli.command("dev")
-def dev() -> None:
+def dev(
+    reload: Annotated[bool, typer.Option("--reload/--no-reload", help="Start the processes again when the project's code changes.")] = True,
+) -> None:
     """Everything on one machine: embedded broker (unless ESK_KAFKA__BOOTSTRAP_SERVERS is set),
     topics, processor, API, a subscriber per subscription and the read models (one Spark
-    driver). Ctrl-C (or SIGTERM) stops all of it."""
-    from .runtime import run_dev
+    driver), started again when the project's code changes. Ctrl-C (or SIGTERM) stops all of it."""
+    from .code_watch import CodeWatch, project_sources
+    from .runtime import run_dev, run_dev_reloading
 
     # SIGTERM (docker stop, systemd, a supervisor) stops everything as Ctrl-C does; by
     # default it would end this process alone and leave the processor and API running.
@@ -205,6 +209,7 @@ def dev() -> None:
     domain_registry(settings)  # before the broker starts: a wrong ESK_DOMAIN costs no broker start
     subscriptions = list(configured_subscriptions(settings))
     projections = dev_read_models(settings)
+    sources = project_sources(settings, Path.cwd()) if reload else []
     broker = EmbeddedBroker(settings.broker) if settings.uses_embedded_broker else None
     started_broker = False
     if broker is not None:
@@ -214,14 +219,24 @@ def dev() -> None:
         except BrokerError as error:
             raise fail(str(error)) from None
     try:
-        init_topics(settings)
-        console.print(
-            f"API on http://{settings.api.host}:{settings.api.port} (docs: /docs); Ctrl-C stops everything",
-            highlight=False,
-        )
-        if projections:
-            console.print(f"read models, kept up by one Spark driver: {', '.join(projections)}", highlight=False)
-        code = run_dev(settings, subscriptions, read_models=bool(projections))
+        if sources:
+            # The processes below a parent of their own, which a change ends and starts again:
+            # a new process imports the project's code, its topics and processes, as they are.
+            console.print(f"watching {', '.join(map(str, sources))}: a change starts the processes again", highlight=False)
+            watch = CodeWatch(sources).start()
+            try:
+                code = run_dev_reloading(settings, [sys.executable, "-m", "esk", "dev", "--no-reload"], watch)
+            finally:
+                watch.stop()
+        else:
+            init_topics(settings)
+            console.print(
+                f"API on http://{settings.api.host}:{settings.api.port} (docs: /docs); Ctrl-C stops everything",
+                highlight=False,
+            )
+            if projections:
+                console.print(f"read models, kept up by one Spark driver: {', '.join(projections)}", highlight=False)
+            code = run_dev(settings, subscriptions, read_models=bool(projections))
     finally:
         if broker is not None and started_broker:
             broker.stop()

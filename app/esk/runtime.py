@@ -9,8 +9,11 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from rich.progress import BarColumn, Progress, TaskID, TextColumn
 
@@ -21,6 +24,9 @@ from .registry import load_registry
 from .settings import Settings
 from .state.allocator import return_large_blocks
 from .state.restore import RestoreProgress
+
+if TYPE_CHECKING:
+    from .code_watch import CodeWatch
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +142,42 @@ class RestartedChild:
         log.error("%s exited (%d); starting it again in %.0f s, the rest going on meanwhile", self.what, code, delay_s)
 
 
+class StopSignals:
+    """SIGINT and SIGTERM as a request to stop, noted rather than raised: a second one, or one
+    that reaches esk dev while it stops its processes (Ctrl-C reaches every process of the
+    terminal's group, the one above it included), must not cut that stop short."""
+
+    def __init__(self) -> None:
+        self.asked = threading.Event()
+        self._before: dict[int, Any] = {}
+
+    def __enter__(self) -> StopSignals:
+        for stop_signal in (signal.SIGINT, signal.SIGTERM):
+            self._before[stop_signal] = signal.signal(stop_signal, lambda *_: self.asked.set())
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        for stop_signal, handler in self._before.items():
+            signal.signal(stop_signal, handler)
+
+
+def stop_all(children: list[subprocess.Popen[bytes]], timeout_s: float = DEV_STOP_TIMEOUT_S) -> None:
+    """SIGTERM to each, then one deadline for all of them, not one each: Ctrl-C should not
+    take minutes. A child still stopping then is killed, which loses nothing (G5): what it
+    had not committed is handled again by the next start."""
+    for child in children:
+        if child.poll() is None:
+            child.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    for child in children:
+        try:
+            child.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            log.warning("child process %d did not stop in time; killing it", child.pid)
+            child.kill()
+            child.wait()
+
+
 def run_dev(settings: Settings, subscriptions: list[str], read_models: bool = False) -> int:
     """API, processor, each subscription and (`read_models`) the read models, all of them in
     one Spark driver, as child processes (as in production), until Ctrl-C or one of them
@@ -144,41 +186,62 @@ def run_dev(settings: Settings, subscriptions: list[str], read_models: bool = Fa
     as commands need none of it, and the driver is started again (RestartedChild)."""
     esk = [sys.executable, "-m", "esk"]
     env = {**os.environ, "ESK_KAFKA__BOOTSTRAP_SERVERS": settings.bootstrap_servers}
-    children = [
-        subprocess.Popen([*esk, "processor"], env=env),
-        subprocess.Popen([*esk, "api"], env=env),
-    ]
-    first_port = settings.subscriber.metrics_port
-    for n, name in enumerate(subscriptions):
-        # each on a metrics port of its own, the next one up
-        port = {"ESK_SUBSCRIBER__METRICS_PORT": str(first_port + n)} if first_port is not None else {}
-        children.append(subprocess.Popen([*esk, "subscriber", name], env={**env, **port}))
-    driver = RestartedChild([*esk, "project", "run", "--all", "--continuous"], env, "the read models' driver") if read_models else None
-    code = 0
-    try:
-        while all(child.poll() is None for child in children):
-            if driver is not None:
-                driver.watch()
-            time.sleep(0.5)
-        log.error("a child process exited; stopping the others")
-        code = 1
-    except KeyboardInterrupt:
-        pass
-    finally:
-        if driver is not None and driver.process is not None:
-            children.append(driver.process)
-        for child in children:
-            if child.poll() is None:
-                child.send_signal(signal.SIGTERM)
-        # One deadline for all of them, not one each: Ctrl-C should not take minutes. A child
-        # still stopping then is killed, which loses nothing (G5): what it had not committed
-        # is handled again by the next start.
-        deadline = time.monotonic() + DEV_STOP_TIMEOUT_S
-        for child in children:
-            try:
-                child.wait(timeout=max(deadline - time.monotonic(), 0.1))
-            except subprocess.TimeoutExpired:
-                log.warning("child process %d did not stop in time; killing it", child.pid)
-                child.kill()
-                child.wait()
+    with StopSignals() as stop:
+        children = [
+            subprocess.Popen([*esk, "processor"], env=env),
+            subprocess.Popen([*esk, "api"], env=env),
+        ]
+        first_port = settings.subscriber.metrics_port
+        for n, name in enumerate(subscriptions):
+            # each on a metrics port of its own, the next one up
+            port = {"ESK_SUBSCRIBER__METRICS_PORT": str(first_port + n)} if first_port is not None else {}
+            children.append(subprocess.Popen([*esk, "subscriber", name], env={**env, **port}))
+        driver = RestartedChild([*esk, "project", "run", "--all", "--continuous"], env, "the read models' driver") if read_models else None
+        code = 0
+        try:
+            while not stop.asked.wait(0.5):
+                if not all(child.poll() is None for child in children):
+                    log.error("a child process exited; stopping the others")
+                    code = 1
+                    break
+                if driver is not None:
+                    driver.watch()
+        finally:
+            if driver is not None and driver.process is not None:
+                children.append(driver.process)
+            stop_all(children)
     return code
+
+
+def run_dev_reloading(settings: Settings, processes: list[str], watch: CodeWatch) -> int:
+    """`processes` (esk dev's processes under a parent of their own: `esk dev --no-reload`)
+    until Ctrl-C, started again with the code as it is whenever the project's code changes.
+    They exiting on their own ends this too, with their exit code, unless the code changed
+    since esk dev started: then it is likely the change's fault, and they are started again
+    at the next change (as `uvicorn --reload` waits for one)."""
+    env = {**os.environ, "ESK_KAFKA__BOOTSTRAP_SERVERS": settings.bootstrap_servers}
+    # above the processes' own stop, which ends by killing those still stopping
+    stop_timeout_s = DEV_STOP_TIMEOUT_S + 10
+    reloaded = False
+    with StopSignals() as stop:
+        running: subprocess.Popen[bytes] | None = subprocess.Popen(processes, env=env)
+        try:
+            while not stop.asked.wait(0.5):
+                if changed := watch.changed():
+                    shown = ", ".join(sorted(str(path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path) for path in changed))
+                    log.info("%s changed: starting esk dev's processes again with the code as it is now", shown)
+                    if running is not None:
+                        stop_all([running], stop_timeout_s)
+                    running, reloaded = subprocess.Popen(processes, env=env), True
+                elif running is not None and (code := running.poll()) is not None:
+                    if not reloaded:
+                        return code
+                    running = None
+                    log.error(
+                        "esk dev's processes stopped (%d): they start again at the next change to %s (Ctrl-C ends esk dev)",
+                        code, ", ".join(map(str, watch.paths)),
+                    )
+            return 0
+        finally:
+            if running is not None:
+                stop_all([running], stop_timeout_s)

@@ -158,6 +158,22 @@ def project(tmp_path: Path) -> Path:
     return root
 
 
+def reopen_code(shop: Path) -> None:
+    """The user's domain with a command more: `reopen`, which a closed ticket takes."""
+    source = shop.read_text()
+    for old, new in (
+        ("class Close(Command):\n    pass\n", "class Close(Command):\n    pass\n\n\nclass Reopen(Command):\n    pass\n"),
+        ("class Closed(Event):\n    pass\n", "class Closed(Event):\n    pass\n\n\nclass Reopened(Event):\n    pass\n"),
+        ("            return [Closed()]\n", "            return [Closed()]\n        case Reopen():\n            return [Reopened()]\n"),
+        ("        case Closed():\n", "        case Reopened():\n            return state.model_copy(update={\"status\": \"open\"})\n        case Closed():\n"),
+        ('commands={"open": Open, "close": Close}', 'commands={"open": Open, "close": Close, "reopen": Reopen}'),
+        ("events=[Opened, Closed]", "events=[Opened, Closed, Reopened]"),
+    ):
+        assert old in source, old
+        source = source.replace(old, new)
+    shop.write_text(source)
+
+
 def user_env(installed: Installed, **esk: str) -> dict[str, str]:
     """The environment of a user's shell: the installed esk first on the path, and only the
     ESK_* settings given here (none leaks in from whoever runs the tests)."""
@@ -351,6 +367,32 @@ def test_a_user_project_runs_its_own_domain_with_esk_dev(
             # The user's (empty) read models are found in the project too, and need no Spark.
             r = client.get("/v1/projections/anything")
             assert r.status_code == 404 and r.json()["code"] == "unknown_projection", r.text
+
+            # A change to the code while esk dev runs: the API takes the new command, the
+            # processor decides it, with no restart by hand.
+            reopen_code(project / "app" / "shop.py")
+
+            def reopened() -> bool:
+                try:
+                    r = client.post("/v1/tickets/t1/reopen", json={}, headers={"Idempotency-Key": "reopen-t1"})
+                except httpx.TransportError:  # between the processes' stop and their start
+                    return False
+                return r.status_code == 200
+
+            wait_until(reopened, "the changed code runs", dev, log, 120)
+            r = client.get("/v1/tickets/t1")
+            assert r.json()["version"] == 3 and r.json()["state"]["status"] == "open", r.text
+            assert "app/shop.py changed: starting esk dev's processes again" in log.read_text()
+
+            # A mistake in a change stops the processes, not esk dev: the next change starts them
+            shop = project / "app" / "shop.py"
+            working = shop.read_text()
+            shop.write_text(working + "\ndef broken(:\n")
+            wait_until(lambda: "esk dev's processes stopped (1): they start again at the next change" in log.read_text(),
+                       "the mistake stops the processes", dev, log, 60)
+            assert "SyntaxError" in log.read_text()
+            shop.write_text(working)
+            wait_until(lambda: answers(f"{api}/v1/tickets/t1", lambda r: r.status_code == 200), "the mended code runs", dev, log, 90)
 
         dev.send_signal(stop_signal)  # the parent alone: it has to stop its children itself
         try:

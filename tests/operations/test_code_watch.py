@@ -1,0 +1,47 @@
+"""Which of a project's files `esk dev` watches, and that a change to one is seen."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from esk.code_watch import CodeWatch, project_sources
+from esk.settings import Settings
+
+
+def test_the_packages_and_modules_esk_imports_are_watched_not_the_whole_project(tmp_path: Path) -> None:
+    (tmp_path / "shop").mkdir()
+    (tmp_path / "shop" / "aggregates.py").write_text("")
+    (tmp_path / "reports.py").write_text("")
+    (tmp_path / ".venv").mkdir()
+    settings = Settings(
+        domain="shop.aggregates:AGGREGATES",
+        read_models="reports:READ_MODELS",
+        subscriptions="shop.subscribers:SUBSCRIPTIONS",  # the same package: watched once
+        _env_file=None,
+    )
+    assert project_sources(settings, tmp_path) == [tmp_path / "shop", tmp_path / "reports.py"]
+    # installed elsewhere, or not there at all: nothing of the project to watch
+    elsewhere = Settings(domain="esk_examples.bank:AGGREGATES", read_models="nothing:X", subscriptions="none:X", _env_file=None)
+    assert project_sources(elsewhere, tmp_path) == []
+
+
+def test_a_changed_python_file_is_told_once_and_other_files_are_not(tmp_path: Path) -> None:
+    package = tmp_path / "shop"
+    package.mkdir()
+    module = package / "aggregates.py"
+    module.write_text("A = 1\n")
+    watch = CodeWatch([package]).start()
+    try:
+        time.sleep(0.5)  # the watch is set up in its thread
+        (package / "notes.txt").write_text("not code")
+        module.write_text("A = 2\n")
+        deadline = time.monotonic() + 10
+        changed: set[Path] = set()
+        while not changed and time.monotonic() < deadline:
+            time.sleep(0.1)
+            changed = watch.changed()
+        assert changed == {module}
+        assert watch.changed() == set()  # handed over once
+    finally:
+        watch.stop()
