@@ -91,13 +91,16 @@ async def test_creating_twice(settings: Settings) -> None:
         assert r.status_code == 412 and r.json()["current_version"] == 1 and r.headers["etag"] == '"1"'
         r = await c.post(f"/v1/accounts/{account}/open", json={"owner": "x"})
         assert r.status_code == 409 and r.json()["code"] == "already_exists"
+        assert r.json()["detail"] == f"accounts {account!r} already exists"
 
 
 async def test_not_found_and_unknown_names(settings: Settings) -> None:
     async with system(settings) as s:
         c = s.client
-        r = await c.post(f"/v1/accounts/{new_id()}/deposit", json={"amount": 1})
+        missing = new_id()
+        r = await c.post(f"/v1/accounts/{missing}/deposit", json={"amount": 1})
         assert r.status_code == 404 and r.json()["code"] == "not_found"
+        assert r.json()["detail"] == f"accounts {missing!r} does not exist"
         r = await c.post("/v1/planets/p1/open", json={})
         assert r.status_code == 404 and r.json()["code"] == "unknown_aggregate_type"
         r = await c.post("/v1/accounts/a1/transfer", json={})

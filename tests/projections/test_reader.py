@@ -66,7 +66,7 @@ def test_a_filter_on_no_such_column_or_of_the_wrong_type_is_refused(written: tup
     tables, _ = written
     with pytest.raises(BadFilter, match="no column 'nope'"):
         read_rows(tables, RANKED, {"nope": "1"}, 10)
-    with pytest.raises(BadFilter, match="'many' is not a valid int64"):
+    with pytest.raises(BadFilter, match=r"^total: 'many' is not a valid int64$"):
         read_rows(tables, RANKED, {"total": "many"}, 10)
     with pytest.raises(ReadModelNotBuilt):
         read_rows(Tables(tmp_path / "empty"), RANKED, {}, 10)

@@ -103,13 +103,15 @@ class AggregateType(Generic[S]):
         ValidationError for a bad payload."""
         return self.commands[name].model_validate(payload)
 
-    def handle(self, state: S | None, command: Command) -> Decision:
-        """The lifecycle rules, then the domain's own decision."""
+    def handle(self, state: S | None, command: Command, aggregate_id: str | None = None) -> Decision:
+        """The lifecycle rules, then the domain's own decision; `aggregate_id` names the
+        aggregate in the lifecycle's rejections."""
         creating = type(command) in self.creates
+        which = self.name if aggregate_id is None else f"{self.name} {aggregate_id!r}"
         if state is None and not creating:
-            return Rejection(NOT_FOUND, f"{self.name} does not exist")
+            return Rejection(NOT_FOUND, f"{which} does not exist")
         if state is not None and creating:
-            return Rejection(ALREADY_EXISTS, f"{self.name} already exists")
+            return Rejection(ALREADY_EXISTS, f"{which} already exists")
         decision = self.decide(state, command)
         if isinstance(decision, Rejection):
             return decision

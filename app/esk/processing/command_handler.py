@@ -62,7 +62,7 @@ def handle_command(
         return refuse(Status.REJECTED, "invalid_payload", str(error))
     try:
         state = aggregate_type.state.model_validate(stored.state) if stored is not None else None
-        decision = aggregate_type.handle(state, command)
+        decision = aggregate_type.handle(state, command, envelope.aggregate_id)
         if isinstance(decision, Rejection):
             return refuse(Status.REJECTED, decision.code, decision.detail)
         new_state = aggregate_type.fold(decision, state)

@@ -88,7 +88,7 @@ def read_rows(tables: Tables, model: ReadModel, filters: dict[str, str], limit: 
         arrow_type = dataset.schema.field(column).type
         # Compared as the table's type: delta-rs writes strings as string_view, Spark as
         # string, and pyarrow compares neither with the other.
-        term = pc.field(column).cast(arrow_type) == _convert(raw, arrow_type, pa)
+        term = pc.field(column).cast(arrow_type) == _convert(column, raw, arrow_type, pa)
         condition = term if condition is None else condition & term
     sort_keys = [(c.lstrip("-"), "descending" if c.startswith("-") else "ascending") for c in model.order_by]
     if not sort_keys:
@@ -105,7 +105,7 @@ def read_rows(tables: Tables, model: ReadModel, filters: dict[str, str], limit: 
     return [_jsonable(row) for row in table.to_pylist()]
 
 
-def _convert(raw: str, arrow_type: Any, pa: Any) -> Any:
+def _convert(column: str, raw: str, arrow_type: Any, pa: Any) -> Any:
     try:
         if pa.types.is_integer(arrow_type):
             return int(raw)
@@ -121,7 +121,7 @@ def _convert(raw: str, arrow_type: Any, pa: Any) -> Any:
             # (the sessions' time zone), as the rows show them
             return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
     except ValueError:
-        raise BadFilter(f"{raw!r} is not a valid {arrow_type}") from None
+        raise BadFilter(f"{column}: {raw!r} is not a valid {arrow_type}") from None
     return raw
 
 
