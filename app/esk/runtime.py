@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn
 
 from . import tracing
@@ -40,6 +41,10 @@ def run_processor(settings: Settings) -> None:
         BarColumn(),
         TextColumn("{task.completed:,.0f}/{task.total:,.0f} records  {task.fields[rate]:,.0f}/s"),
         transient=False,
+        # Off a terminal (a log file, a container's log) bars are drawn once, as the
+        # process ends, and would look like a restore that never finished; the restore's log
+        # line says the same there.
+        disable=not Console().is_terminal,
     ) as bars:
         shown: dict[tuple[str, int], TaskID] = {}
 

@@ -404,6 +404,9 @@ def test_a_user_project_runs_its_own_domain_with_esk_dev(
         while group_alive(dev.pid) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert not group_alive(dev.pid), f"esk dev's processor or API outlived it:\n{log.read_text()[-4000:]}"
+        # no restore progress bars off a terminal: they are drawn once, as the process ends,
+        # as if the restore had not finished (a restore's log line tells it there)
+        assert "restoring partition" not in log.read_text()
 
     # State lives where the user ran esk, and the installed package is left as installed.
     for state in (project / ".esk" / "state" / "processor", project / ".esk" / "state" / "api"):
