@@ -1,5 +1,6 @@
-"""The contract in docs/product.md names every setting and every metric esk has: a new one
-that the docs do not tell of is a mistake found here, not by a user."""
+"""The contract in docs/product.md (and the README) names every setting, every metric and
+every name `import esk` gives: a new one that the docs do not tell of is a mistake found
+here, not by a user."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from typing import get_args
 import prometheus_client
 from pydantic import BaseModel
 
-import esk.metrics  # noqa: F401  # defines esk's metrics in the default registry
+import esk
+import esk.metrics  # defines esk's metrics in the default registry
 from esk.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,3 +52,8 @@ def test_every_metric_is_in_the_docs() -> None:
     }
     assert "esk_commands_total" in names and "esk_commit_seconds" in names
     assert sorted(name for name in names if not re.search(rf"`{name}[`{{]", DOCS)) == []
+
+
+def test_every_name_a_user_imports_is_in_the_docs() -> None:
+    assert "AggregateType" in esk.__all__
+    assert [name for name in esk.__all__ if f"`{name}`" not in DOCS] == []

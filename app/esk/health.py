@@ -36,6 +36,9 @@ def serve_operations(host: str, port: int, ready: Callable[[], bool]) -> None:
             ok = path == "/healthz" or ready()
             start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "application/json")])
             return [b'{"status":"ok"}' if ok else b'{"status":"not ready"}']
+        if path != "/metrics":
+            start_response("404 Not Found", [("Content-Type", "application/json")])
+            return [b'{"status":"not found: /metrics, /healthz or /readyz"}']
         return metrics(environ, start_response)  # type: ignore[no-any-return]  # prometheus_client ships no hints for it
 
     server = make_server(host, port, app, server_class=_Server, handler_class=_QuietHandler)

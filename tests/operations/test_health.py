@@ -20,3 +20,4 @@ def test_readyz_follows_readiness_and_metrics_are_served() -> None:
         assert client.get("/readyz").status_code == 200
         metrics = client.get("/metrics")
         assert metrics.status_code == 200 and "esk_commands_total" in metrics.text
+        assert client.get("/").status_code == 404 and client.get("/metricz").status_code == 404

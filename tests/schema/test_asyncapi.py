@@ -74,6 +74,9 @@ def test_the_document_is_valid_asyncapi(tmp_path: Path, document: dict[str, Any]
     assert all(severities(found) <= {"info"} for found in diagnostics.values()), diagnostics
     assert documents["sasl_ssl"]["servers"]["kafka-1"]["protocol"] == "kafka-secure"
     assert documents["sasl_ssl"]["components"]["securitySchemes"]["sasl"]["type"] == "scramSha512"
+    # no mechanism set: the clients' PLAIN
+    unset = asyncapi_document(settings(security_protocol="SASL_PLAINTEXT"), registry)["components"]["securitySchemes"]["sasl"]
+    assert unset == {"type": "plain", "description": "SASL PLAIN"}
     assert documents["mutual_tls"]["components"]["securitySchemes"]["tls-client-certificate"]["type"] == "X509"
 
 

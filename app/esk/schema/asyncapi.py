@@ -183,9 +183,10 @@ def _servers(settings: Settings) -> tuple[dict[str, Any], dict[str, Any]]:
     """One server per bootstrap address, and the security schemes they use."""
     kafka = settings.kafka
     schemes: dict[str, Any] = {}
-    sasl = _SASL_SCHEMES.get((kafka.sasl_mechanism or "").upper()) if kafka.security_protocol.startswith("SASL_") else None
+    mechanism = kafka.sasl_mechanism or "PLAIN"  # the clients' when none is set
+    sasl = _SASL_SCHEMES.get(mechanism.upper()) if kafka.security_protocol.startswith("SASL_") else None
     if sasl is not None:
-        schemes["sasl"] = {"type": sasl, "description": f"SASL {kafka.sasl_mechanism}"}
+        schemes["sasl"] = {"type": sasl, "description": f"SASL {mechanism}"}
     if kafka.security_protocol == "SSL" and kafka.ssl_certfile is not None:
         schemes["tls-client-certificate"] = {"type": "X509", "description": "TLS with a client certificate"}
     server: dict[str, Any] = {
