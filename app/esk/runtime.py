@@ -237,6 +237,7 @@ def run_dev_reloading(settings: Settings, processes: list[str], watch: CodeWatch
                     log.info("%s changed: starting esk dev's processes again with the code as it is now", shown)
                     if running is not None:
                         stop_all([running], stop_timeout_s)
+                    watch.changed()  # saved while they stopped: the processes about to start have those too
                     running, reloaded = subprocess.Popen(processes, env=env), True
                 elif running is not None and (code := running.poll()) is not None:
                     if not reloaded:
