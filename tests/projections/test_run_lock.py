@@ -341,3 +341,27 @@ def test_a_run_that_follows_readers_to_a_generation_of_other_code_ends_saying_so
         "totals: readers were moved to generation 2, built by other code than this run's (lent_at is gone): this run ends, "
         "and started again (as esk dev starts its driver) runs the code as it is then"
     )
+
+
+def test_a_run_stopped_before_it_held_a_generation_says_so_and_no_lag_it_does_not_know(tmp_path: Path) -> None:
+    """A stop while the driver still started (esk dev's processes started again for a
+    change): not "waited for another run", which there was none of; and a run that ended
+    before any batch knows no lag, which is not "lag 0"."""
+    pytest.importorskip("pyspark")
+    from rich.console import Console
+
+    from esk.projections import runner
+
+    Tables(tmp_path).switch("totals", 1)
+    stop = runner.StopRequest()
+    stop.asked.set()
+    summary = runner.run(_settings(tmp_path), _projection("totals"), continuous=True, console=Console(), spark=object(), stop=stop)  # type: ignore[arg-type]
+    assert (summary.started, summary.standby) == (False, False)
+    console = Console(record=True, width=200)
+    runner._print_summaries([summary, runner.RunSummary("adds", 2), runner.RunSummary("ends", 1, batches=3, lag={"t/0": 0}, caught_up=True)], console)
+    assert console.export_text().splitlines() == [
+        "totals: stopped before it started",
+        "adds: generation 2, 0 batches, 0 events, 0 rows merged",
+        "adds: stopped before it caught up; readers stay where they were",
+        "ends: generation 1, 3 batches, 0 events, 0 rows merged; lag 0",
+    ]

@@ -87,6 +87,7 @@ class RunSummary:
     lag: dict[str, int] = field(default_factory=dict)
     caught_up: bool = False  # False: stopped before it had read up to the newest events
     standby: bool = False  # stopped while it waited for another run to let go of the generation
+    started: bool = True  # False: stopped before it held a generation (its driver starting, say)
 
 
 class Held(NamedTuple):
@@ -134,8 +135,9 @@ def run(
             spark = spark or _driver_session(settings, f"esk-project-{name}")
             changed = partial(_built_otherwise, spark, tables, projection, console)
         held = hold_generation(tables, name, rebuild, waiting, changed)
-    if held is None:  # asked to stop while it waited
-        return RunSummary(name, tables.current_generation(name) or 0, standby=True)
+    if held is None:  # asked to stop before it held one
+        waited = waiting is not None and waiting.waited
+        return RunSummary(name, tables.current_generation(name) or 0, standby=waited, started=False)
     with held.lock:
         spark = spark or _driver_session(settings, f"esk-project-{name}")
         summary = _keep(settings, projection, held, continuous, console, spark, stop, catch_up_turn)
@@ -219,6 +221,7 @@ class _Waiting:
 
     stop: StopRequest
     console: Console
+    waited: bool = False  # found the generation kept by another run
 
     def take(self, lock: GenerationLock, moved: Callable[[], bool]) -> bool:
         """Whether it took `lock`; False when a stop was asked or `moved` first."""
@@ -227,6 +230,7 @@ class _Waiting:
             try:
                 return lock.acquire(POLL_S, self.stop.asked)
             except GenerationBusy as busy:
+                self.waited = True
                 if reported is None or time.monotonic() - reported >= LOCK_REPORT_EVERY_S:
                     self.console.print(
                         f"{lock.name}: waiting for generation {lock.generation}, which another run keeps ({busy.holder})", highlight=False
@@ -628,12 +632,15 @@ def run_and_report(
 
 def _print_summaries(summaries: Sequence[RunSummary], console: Console) -> None:
     for summary in summaries:
-        if summary.standby:
-            console.print(f"{summary.name}: stopped while it waited for another run to let go of it", highlight=False)
+        if not summary.started:
+            waited = "while it waited for another run to let go of it" if summary.standby else "before it started"
+            console.print(f"{summary.name}: stopped {waited}", highlight=False)
             continue
+        # the lag is known once a batch has ended: none is not "lag 0"
+        lag = f"; lag {sum(summary.lag.values())}" if summary.lag else ""
         console.print(
             f"{summary.name}: generation {summary.generation}, {summary.batches} batches, {summary.events:,} events, "
-            f"{summary.rows:,} rows merged; lag {sum(summary.lag.values())}",
+            f"{summary.rows:,} rows merged{lag}",
             highlight=False,
         )
         if not summary.caught_up:
