@@ -247,7 +247,7 @@ def dev(
 
 @project_cli.command("list")
 def project_list(
-    output: Annotated[str, typer.Option("--format", help="table, csv or json (a read model a line)")] = "table",
+    output: Annotated[str, typer.Option("--format", help="table, csv or json (JSON Lines: a read model a line)")] = "table",
 ) -> None:
     """The read models, what they read, the generation readers use, how far it has read, and
     the runs keeping them."""
@@ -280,7 +280,7 @@ def project_list(
 @project_cli.command("parked")
 def project_parked(
     name: Annotated[str, typer.Argument(help="The read model.")],
-    output: Annotated[str, typer.Option("--format", help="table, csv or json (an aggregate a line)")] = "table",
+    output: Annotated[str, typer.Option("--format", help="table, csv or json (JSON Lines: an aggregate a line)")] = "table",
     generation: Annotated[
         int | None, typer.Option("--generation", help="Another generation than the one readers use: a rebuild on its way.")
     ] = None,
@@ -343,7 +343,7 @@ def project_run(
 @cli.command("sql")
 def sql(
     query: Annotated[str, typer.Argument(help='e.g. "SELECT * FROM customer_recent_orders WHERE customer_id = \'c1\'"')],
-    output: Annotated[str, typer.Option("--format", help="table, csv or json")] = "table",
+    output: Annotated[str, typer.Option("--format", help="table, csv or json (JSON Lines: a row a line)")] = "table",
     limit: Annotated[int, typer.Option(help="Rows printed at most.")] = 1000,
 ) -> None:
     """Run Spark SQL over the read models; each is a table under its own name."""
@@ -667,7 +667,6 @@ def subscriptions_reset(
 
 def print_rows(columns: list[str], rows: list[list[Any]], output: str) -> None:
     import csv
-    import sys
 
     import orjson
     from rich.table import Table
