@@ -316,33 +316,6 @@ def test_a_continuous_run_follows_readers_to_a_new_generation_waiting_for_the_ru
         assert first.acquire() and second.acquire()
 
 
-def test_a_run_that_follows_readers_to_a_generation_of_other_code_ends_saying_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Readers moved to generation 2 by a rebuild of newer code than this run's: the run
-    cannot keep that table up, and says why, not that a rebuild is needed (one was just run)."""
-    pytest.importorskip("pyspark")
-    from rich.console import Console
-
-    from esk.projections import runner
-
-    tables = Tables(tmp_path)
-    tables.switch("totals", 1)
-
-    def keep(settings: Settings, projection: Projection, held: runner.Held, *_: object) -> runner.RunSummary:
-        if held.lock.generation == 1:
-            tables.switch("totals", 2)  # the rebuild's switch, its run over
-            return runner.RunSummary("totals", 1, batches=1, caught_up=True)
-        raise runner.ReadModelChanged(tmp_path / "totals" / "g2", "lent_at is gone")  # as _table_fits finds it
-
-    monkeypatch.setattr(runner, "_keep", keep)
-    with pytest.raises(runner.BuiltByOtherCode) as ended:
-        runner.run(_settings(tmp_path), _projection("totals"), continuous=True, console=Console(soft_wrap=True), spark=object())  # type: ignore[arg-type]
-    told = str(runner.RunFailed("totals", ended.value))
-    assert told == (
-        "totals: readers were moved to generation 2, built by other code than this run's (lent_at is gone): this run ends, "
-        "and started again (as esk dev starts its driver) runs the code as it is then"
-    )
-
-
 def test_a_run_stopped_before_it_held_a_generation_says_so_and_no_lag_it_does_not_know(tmp_path: Path) -> None:
     """A stop while the driver still started (esk dev's processes started again for a
     change): not "waited for another run", which there was none of; and a run that ended
