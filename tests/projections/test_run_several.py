@@ -219,6 +219,21 @@ def test_esk_dev_keeps_the_read_models_up_in_one_driver(settings: Settings, tmp_
             [keeper] = row["kept_by"]
             assert keeper.startswith("pid ") and keeper.endswith("esk project run --all --continuous"), listed.stdout
             assert row["reads"] == ["counters"] and row["reflects"] and row["current_table"].endswith(("/g1", "/g2")), listed.stdout
+        # an analyst's query, each read model a table by its name, as JSON Lines; Spark's
+        # start says nothing on the way
+        queried = subprocess.run(
+            [sys.executable, "-m", "esk", "sql", "SELECT t.counter_id, total, adds FROM counter_totals t JOIN counter_adds USING (counter_id)",
+             "--format", "json"],
+            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        )
+        assert queried.returncode == 0, queried.stdout + queried.stderr
+        assert [json.loads(line) for line in queried.stdout.splitlines()] == [{"counter_id": "c1", "total": 8, "adds": 3}]
+        # (the JVM's own line about the vector module Spark adds is all there is)
+        assert [line for line in queried.stderr.splitlines() if line.strip() and "incubator modules" not in line] == [], queried.stderr
+        wrong = subprocess.run(
+            [sys.executable, "-m", "esk", "sql", "SELECT nope FROM counter_totals"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120
+        )
+        assert wrong.returncode == 1 and wrong.stderr.splitlines()[-1].startswith("error: [UNRESOLVED_COLUMN"), wrong.stderr
         os.killpg(dev.pid, signal.SIGINT)  # Ctrl-C in its terminal: every process of the group gets it
         assert dev.wait(timeout=60) == 0, log.read_text()[-4000:]
     output = log.read_text()
@@ -228,6 +243,7 @@ def test_esk_dev_keeps_the_read_models_up_in_one_driver(settings: Settings, tmp_
     assert "stopped in the middle of a batch" not in output and "Traceback" not in output
     assert "Failed to cancel job group" not in output  # Spark's warning about nothing, at each stop
     assert "Current batch is falling behind" not in output  # nor at each batch longer than the trigger's 0.5 s
+    assert "log4j" not in output and "NativeCodeLoader" not in output  # nor the driver's start (session.LOG_CONFIG)
 
 
 @pytest.mark.kafka
