@@ -87,9 +87,11 @@ def spark_session(settings: Settings, app_name: str = "esk", archive_to: Path | 
         # Local mode: the Python workers run the domain's upcasters, so they use this
         # interpreter (and its packages), not whatever `python3` is first on PATH.
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        # One machine: the driver on loopback, rather than on the address its host name
-        # resolves to, with two warnings at every start that it had to choose.
-        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        if p.spark_master.startswith("local"):
+            # One machine: the driver on loopback, rather than on the address its host name
+            # resolves to, with two warnings at every start that it had to choose (a
+            # cluster's executors must reach it: not there).
+            os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         java_options = [p.driver_java_options, *_class_sharing(jars, archive_to), shlex.quote(f"-Dlog4j2.configurationFile={LOG_CONFIG}")]
         builder = (
             builder.master(p.spark_master)
