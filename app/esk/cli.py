@@ -210,6 +210,12 @@ def dev(
     subscriptions = list(configured_subscriptions(settings))
     projections = dev_read_models(settings)
     sources = project_sources(settings, Path.cwd()) if reload else []
+    if reload and not sources:
+        console.print(
+            f"not watching for changes: none of {settings.domain}, {settings.read_models}, {settings.subscriptions} "
+            f"is a package or module under {Path.cwd()} (start esk dev again after a change)",
+            highlight=False,
+        )
     broker = EmbeddedBroker(settings.broker) if settings.uses_embedded_broker else None
     started_broker = False
     if broker is not None:
@@ -225,7 +231,7 @@ def dev(
             console.print(f"watching {', '.join(map(str, sources))}: a change starts the processes again", highlight=False)
             watch = CodeWatch(sources).start()
             try:
-                code = run_dev_reloading(settings, [sys.executable, "-m", "esk", "dev", "--no-reload"], watch)
+                code = run_dev_reloading(settings, watch)
             finally:
                 watch.stop()
         else:

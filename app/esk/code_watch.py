@@ -6,10 +6,10 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from watchfiles import PythonFilter, watch
+from watchfiles import Change, PythonFilter, watch
 
 from .settings import Settings
 
@@ -44,11 +44,20 @@ class CodeWatch:
         self.paths = list(paths)
         self._changed: queue.SimpleQueue[set[Path]] = queue.SimpleQueue()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="code-watch", daemon=True)
+        packages = [path for path in self.paths if path.is_dir()]
+        modules = {path for path in self.paths if not path.is_dir()}
+        # A module is watched through its folder, not as a file: an editor that saves by
+        # renaming a new file over the old one ends a watch on the old file. Not the
+        # folder's subfolders, which may hold a virtual environment and esk's data.
+        self._groups: list[tuple[list[Path], Callable[[Change, str], bool], bool]] = [
+            (packages, PythonFilter(), True),
+            (sorted({module.parent for module in modules}), lambda _, path: Path(path) in modules, False),
+        ]
 
     def start(self) -> CodeWatch:
-        if self.paths:
-            self._thread.start()
+        for group in self._groups:
+            if group[0]:
+                threading.Thread(target=self._watch, args=group, name="code-watch", daemon=True).start()
         return self
 
     def stop(self) -> None:
@@ -60,11 +69,11 @@ class CodeWatch:
             paths |= self._changed.get_nowait()
         return paths
 
-    def _watch(self) -> None:
+    def _watch(self, paths: list[Path], only: Callable[[Change, str], bool], recursive: bool) -> None:
         try:
             for changes in watch(
-                *self.paths, watch_filter=PythonFilter(), debounce=DEBOUNCE_MS, stop_event=self._stop, raise_interrupt=False
+                *paths, watch_filter=only, recursive=recursive, debounce=DEBOUNCE_MS, stop_event=self._stop, raise_interrupt=False
             ):
                 self._changed.put({Path(path) for _, path in changes})
         except Exception as error:  # no watching (an OS limit on watches, say): esk dev goes on without it
-            log.warning("not watching %s for changes (%r): start esk dev again after a change", ", ".join(map(str, self.paths)), error)
+            log.warning("not watching %s for changes (%r): start esk dev again after a change", ", ".join(map(str, paths)), error)

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
+import threading
+
+import psutil
 
 
 def alive(pid: int) -> bool:
@@ -19,3 +24,25 @@ def alive(pid: int) -> bool:
             return stat.read().split(") ", 1)[1][0] != "Z"
     except (FileNotFoundError, IndexError):
         return True
+
+
+def set_from_signal_handler(event: threading.Event) -> None:
+    """Sets `event` from a signal handler. The handler runs in the main thread between two
+    bytecodes, perhaps inside that thread's own `event.wait()`, which holds the event's lock
+    for a moment: `set()` there would wait for itself for ever. A thread of its own sets it
+    as soon as the wait lets go."""
+    threading.Thread(target=event.set, name="signal", daemon=True).start()
+
+
+def kill_tree(process: subprocess.Popen[bytes]) -> None:
+    """Kills `process` and every process below it: killed alone, a parent that supervises
+    others (esk dev's) would leave them running, holding their ports and stores."""
+    try:
+        below = psutil.Process(process.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        below = []
+    for each in below:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            each.kill()
+    process.kill()
+    process.wait()

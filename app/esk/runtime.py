@@ -20,6 +20,7 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn
 
 from . import tracing
 from .health import serve_operations
+from .processes import kill_tree, set_from_signal_handler
 from .processing.processor import Processor
 from .registry import load_registry
 from .settings import Settings
@@ -158,7 +159,7 @@ class StopSignals:
 
     def __enter__(self) -> StopSignals:
         for stop_signal in (signal.SIGINT, signal.SIGTERM):
-            self._before[stop_signal] = signal.signal(stop_signal, lambda *_: self.asked.set())
+            self._before[stop_signal] = signal.signal(stop_signal, lambda *_: set_from_signal_handler(self.asked))
         return self
 
     def __exit__(self, *_: object) -> None:
@@ -179,8 +180,16 @@ def stop_all(children: list[subprocess.Popen[bytes]], timeout_s: float = DEV_STO
             child.wait(timeout=max(deadline - time.monotonic(), 0.1))
         except subprocess.TimeoutExpired:
             log.warning("child process %d did not stop in time; killing it", child.pid)
-            child.kill()
-            child.wait()
+            kill_tree(child)
+
+
+# esk's own command line, in this interpreter: how esk dev starts its processes.
+ESK = [sys.executable, "-m", "esk"]
+
+
+def _children_env(settings: Settings) -> dict[str, str]:
+    """esk dev's processes use its broker, the embedded one included."""
+    return {**os.environ, "ESK_KAFKA__BOOTSTRAP_SERVERS": settings.bootstrap_servers}
 
 
 def run_dev(settings: Settings, subscriptions: list[str], read_models: bool = False) -> int:
@@ -189,19 +198,18 @@ def run_dev(settings: Settings, subscriptions: list[str], read_models: bool = Fa
     exits; the exit code: 1 when one exited on its own. The read models' driver alone may
     end (a read model that fails, one following a rebuild of newer code, no Java): the rest goes on,
     as commands need none of it, and the driver is started again (RestartedChild)."""
-    esk = [sys.executable, "-m", "esk"]
-    env = {**os.environ, "ESK_KAFKA__BOOTSTRAP_SERVERS": settings.bootstrap_servers}
+    env = _children_env(settings)
     with StopSignals() as stop:
         children = [
-            subprocess.Popen([*esk, "processor"], env=env),
-            subprocess.Popen([*esk, "api"], env=env),
+            subprocess.Popen([*ESK, "processor"], env=env),
+            subprocess.Popen([*ESK, "api"], env=env),
         ]
         first_port = settings.subscriber.metrics_port
         for n, name in enumerate(subscriptions):
             # each on a metrics port of its own, the next one up
             port = {"ESK_SUBSCRIBER__METRICS_PORT": str(first_port + n)} if first_port is not None else {}
-            children.append(subprocess.Popen([*esk, "subscriber", name], env={**env, **port}))
-        driver = RestartedChild([*esk, "project", "run", "--all", "--continuous"], env, "the read models' driver") if read_models else None
+            children.append(subprocess.Popen([*ESK, "subscriber", name], env={**env, **port}))
+        driver = RestartedChild([*ESK, "project", "run", "--all", "--continuous"], env, "the read models' driver") if read_models else None
         code = 0
         try:
             while not stop.asked.wait(0.5):
@@ -218,13 +226,13 @@ def run_dev(settings: Settings, subscriptions: list[str], read_models: bool = Fa
     return code
 
 
-def run_dev_reloading(settings: Settings, processes: list[str], watch: CodeWatch) -> int:
-    """`processes` (esk dev's processes under a parent of their own: `esk dev --no-reload`)
-    until Ctrl-C, started again with the code as it is whenever the project's code changes.
+def run_dev_reloading(settings: Settings, watch: CodeWatch) -> int:
+    """esk dev's processes, under a parent of their own (`esk dev --no-reload`), until
+    Ctrl-C, started again with the code as it is whenever the project's code changes.
     They exiting on their own ends this too, with their exit code, unless the code changed
     since esk dev started: then it is likely the change's fault, and they are started again
     at the next change (as `uvicorn --reload` waits for one)."""
-    env = {**os.environ, "ESK_KAFKA__BOOTSTRAP_SERVERS": settings.bootstrap_servers}
+    processes, env = [*ESK, "dev", "--no-reload"], _children_env(settings)
     # above the processes' own stop, which ends by killing those still stopping
     stop_timeout_s = DEV_STOP_TIMEOUT_S + 10
     reloaded = False
@@ -238,6 +246,8 @@ def run_dev_reloading(settings: Settings, processes: list[str], watch: CodeWatch
                     if running is not None:
                         stop_all([running], stop_timeout_s)
                     watch.changed()  # saved while they stopped: the processes about to start have those too
+                    if stop.asked.is_set():  # Ctrl-C while they stopped: nothing to start
+                        break
                     running, reloaded = subprocess.Popen(processes, env=env), True
                 elif running is not None and (code := running.poll()) is not None:
                     if not reloaded:

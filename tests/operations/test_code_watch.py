@@ -26,6 +26,15 @@ def test_the_packages_and_modules_esk_imports_are_watched_not_the_whole_project(
     assert project_sources(elsewhere, tmp_path) == []
 
 
+def _changes(watch: CodeWatch) -> set[Path]:
+    deadline = time.monotonic() + 10
+    changed: set[Path] = set()
+    while not changed and time.monotonic() < deadline:
+        time.sleep(0.1)
+        changed = watch.changed()
+    return changed
+
+
 def test_a_changed_python_file_is_told_once_and_other_files_are_not(tmp_path: Path) -> None:
     package = tmp_path / "shop"
     package.mkdir()
@@ -36,12 +45,26 @@ def test_a_changed_python_file_is_told_once_and_other_files_are_not(tmp_path: Pa
         time.sleep(0.5)  # the watch is set up in its thread
         (package / "notes.txt").write_text("not code")
         module.write_text("A = 2\n")
-        deadline = time.monotonic() + 10
-        changed: set[Path] = set()
-        while not changed and time.monotonic() < deadline:
-            time.sleep(0.1)
-            changed = watch.changed()
-        assert changed == {module}
+        assert _changes(watch) == {module}
         assert watch.changed() == set()  # handed over once
+    finally:
+        watch.stop()
+
+
+def test_a_module_saved_by_renaming_a_new_file_over_it_is_told_each_time(tmp_path: Path) -> None:
+    """As many editors save: a watch on the file itself would end at the first such save."""
+    module, other = tmp_path / "reports.py", tmp_path / "notes.py"
+    module.write_text("A = 1\n")
+    watch = CodeWatch([module]).start()
+    try:
+        time.sleep(0.5)
+        for n in (2, 3):
+            saved = tmp_path / f".reports.py.{n}"
+            saved.write_text(f"A = {n}\n")
+            saved.replace(module)
+            assert module in _changes(watch), n
+        other.write_text("not watched\n")  # beside it, not one of the project's sources
+        module.write_text("A = 4\n")
+        assert _changes(watch) == {module}
     finally:
         watch.stop()

@@ -18,9 +18,9 @@ import logging
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from ..kafka.client_options import client_options
 from ..kafka.metadata import topic_partitions
 from ..kafka.partitioner import partition_for
+from ..kafka.reader import lone_reader
 from ..kafka.topics import TopicNames
 from ..projections.positions import Position
 from ..protocol import Outcome
@@ -41,10 +41,7 @@ class EventPositions:
 
     async def start(self) -> None:
         # read_uncommitted: its end offsets are the partitions' high watermarks
-        self._consumer = AIOKafkaConsumer(
-            **client_options(self.settings), isolation_level="read_uncommitted", enable_auto_commit=False, group_id=None,
-            client_id=f"{self.settings.app}.api.positions",
-        )
+        self._consumer = lone_reader(self.settings, "read_uncommitted", f"{self.settings.app}.api.positions")
         await self._consumer.start()
 
     async def stop(self) -> None:

@@ -15,9 +15,15 @@ from .metadata import topic_partitions
 def committed_reader(settings: Settings, client_id: str | None = None) -> AIOKafkaConsumer:
     """A consumer outside any group that sees only committed records: what restores,
     replicas and checks read with. Make it inside the running loop; assign it partitions."""
+    return lone_reader(settings, "read_committed", client_id)
+
+
+def lone_reader(settings: Settings, isolation_level: str, client_id: str | None = None) -> AIOKafkaConsumer:
+    """A consumer outside any group (read_uncommitted: its end offsets are the partitions'
+    high watermarks). Make it inside the running loop."""
     options = {"client_id": client_id} if client_id else {}
     return AIOKafkaConsumer(
-        **client_options(settings), isolation_level="read_committed", enable_auto_commit=False, group_id=None, **options
+        **client_options(settings), isolation_level=isolation_level, enable_auto_commit=False, group_id=None, **options
     )
 
 

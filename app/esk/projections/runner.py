@@ -36,6 +36,7 @@ from pyspark.sql.streaming.readwriter import DataStreamWriter
 from pyspark.sql.types import StructType
 from rich.console import Console
 
+from ..processes import set_from_signal_handler
 from ..registry import load_registry
 from ..settings import Settings
 from .catalog import BatchWriter, PlanCheck, PlanEnds, Probe, Projection, ReadModel, ReadModelMistake, Tables, session_conf
@@ -818,11 +819,11 @@ def stop_on_signals(console: Console) -> StopRequest:
     def asked(signum: int, _frame: FrameType | None) -> None:
         if first:
             if signum == first[0]:
-                stop.now.set()
+                set_from_signal_handler(stop.now)
             return
         first.append(signum)
         console.print(f"{signal.Signals(signum).name}: stopping after the batch in flight", highlight=False)
-        stop.asked.set()
+        set_from_signal_handler(stop.asked)
 
     for stop_signal in (signal.SIGINT, signal.SIGTERM):
         signal.signal(stop_signal, asked)

@@ -40,7 +40,8 @@ _NOISE = (
     r"Current batch is falling behind\..*",
 )
 _QUIET_SET = "esk.quiet"
-# The local driver's log configuration (package data, beside this module).
+# Spark's default log profile writes, at every start of a local driver, lines that tell a
+# user nothing (package data, beside this module).
 LOG_CONFIG = Path(__file__).with_name("log4j2.properties")
 _VERSIONED = re.compile(r"^(?P<artifact>.+?)-\d[\w.\-]*\.jar$")
 
@@ -87,12 +88,15 @@ def spark_session(settings: Settings, app_name: str = "esk", archive_to: Path | 
         # Local mode: the Python workers run the domain's upcasters, so they use this
         # interpreter (and its packages), not whatever `python3` is first on PATH.
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        java_options = [p.driver_java_options, *_class_sharing(jars, archive_to)]
         if p.spark_master.startswith("local"):
             # One machine: the driver on loopback, rather than on the address its host name
             # resolves to, with two warnings at every start that it had to choose (a
             # cluster's executors must reach it: not there).
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-        java_options = [p.driver_java_options, *_class_sharing(jars, archive_to), shlex.quote(f"-Dlog4j2.configurationFile={LOG_CONFIG}")]
+            if "SPARK_CONF_DIR" not in os.environ:  # else its log4j2.properties is the user's choice
+                # first: the JVM takes the last of two -D, and the user's options come after
+                java_options.insert(0, shlex.quote(f"-Dlog4j2.configurationFile={LOG_CONFIG}"))
         builder = (
             builder.master(p.spark_master)
             .config("spark.pyspark.python", sys.executable)
