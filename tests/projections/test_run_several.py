@@ -243,7 +243,8 @@ def test_esk_dev_keeps_the_read_models_up_in_one_driver(settings: Settings, tmp_
     assert "stopped in the middle of a batch" not in output and "Traceback" not in output
     assert "Failed to cancel job group" not in output  # Spark's warning about nothing, at each stop
     assert "Current batch is falling behind" not in output  # nor at each batch longer than the trigger's 0.5 s
-    assert "log4j" not in output and "NativeCodeLoader" not in output  # nor the driver's start (session.LOG_CONFIG)
+    # nor the driver's start, nor each query's (session.LOG_CONFIG)
+    assert "log4j" not in output and "NativeCodeLoader" not in output and "ResolveWriteToStream" not in output
 
 
 @pytest.mark.kafka
