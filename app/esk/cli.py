@@ -196,7 +196,7 @@ def dev(
     """Everything on one machine: embedded broker (unless ESK_KAFKA__BOOTSTRAP_SERVERS is set),
     topics, processor, API, a subscriber per subscription and the read models (one Spark
     driver), started again when the project's code changes. Ctrl-C (or SIGTERM) stops all of it."""
-    from .code_watch import CodeWatch, project_sources
+    from .code_watch import CodeWatch, imported_files, project_sources
     from .runtime import run_dev, run_dev_reloading
 
     # SIGTERM (docker stop, systemd, a supervisor) stops everything as Ctrl-C does; by
@@ -209,7 +209,7 @@ def dev(
     domain_registry(settings)  # before the broker starts: a wrong ESK_DOMAIN costs no broker start
     subscriptions = list(configured_subscriptions(settings))
     projections = dev_read_models(settings)
-    sources = project_sources(settings, Path.cwd()) if reload else []
+    sources = project_sources(settings, Path.cwd(), imported_files()) if reload else []
     if reload and not sources:
         console.print(
             f"not watching for changes: none of {settings.domain}, {settings.read_models}, {settings.subscriptions} "

@@ -3,8 +3,10 @@ processes again with them (as `uvicorn --reload` does a server)."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import queue
+import sys
 import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -22,23 +24,40 @@ logging.getLogger("watchfiles").setLevel(logging.WARNING)
 DEBOUNCE_MS = 400
 
 
-def project_sources(settings: Settings, root: Path) -> list[Path]:
+def project_sources(settings: Settings, root: Path, imported: Iterable[Path] = ()) -> list[Path]:
     """The packages (or modules) of the project under `root` that esk imports: those that
-    ESK_DOMAIN, ESK_READ_MODELS and ESK_SUBSCRIPTIONS name, each by its top-level name, so
-    that a module they import from their own package counts too. Not the whole of `root`,
-    which may hold a virtual environment and esk's data."""
+    ESK_DOMAIN, ESK_READ_MODELS and ESK_SUBSCRIPTIONS name, and those of the `imported`
+    files (a helper module of the project that they import), each by its top-level name,
+    so that a module they import from their own package counts too. Not the whole of
+    `root`, which may hold a virtual environment and esk's data."""
+    tops = [spec.partition(":")[0].split(".")[0] for spec in (settings.domain, settings.read_models, settings.subscriptions)]
+    for path in imported:
+        if path.is_relative_to(root) and not _installed(path.relative_to(root)):
+            inside = path.relative_to(root).parts
+            tops.append(inside[0] if len(inside) > 1 else path.stem)
     found: list[Path] = []
-    for spec in (settings.domain, settings.read_models, settings.subscriptions):
-        top = spec.partition(":")[0].split(".")[0]
+    for top in tops:
         for path in (root / top, root / f"{top}.py"):
             if top and path.exists() and path not in found:
                 found.append(path)
     return found
 
 
+def imported_files() -> list[Path]:
+    """The files of the modules this process has imported."""
+    return [Path(file) for module in list(sys.modules.values()) if isinstance(file := getattr(module, "__file__", None), str)]
+
+
+def _installed(relative: Path) -> bool:
+    """A file of a virtual environment or of esk's data (a hidden folder), or of an
+    installed package: not the project's own code."""
+    return relative.parts[0].startswith(".") or "site-packages" in relative.parts or "dist-packages" in relative.parts
+
+
 class CodeWatch:
     """Notes the changes to Python files under `paths` in a thread of its own; `changed()`
-    hands over those since its last call, without waiting."""
+    hands over those since its last call, without waiting. A file saved as it was (an
+    editor's save without an edit, a `touch`) is no change."""
 
     def __init__(self, paths: Iterable[Path]) -> None:
         self.paths = list(paths)
@@ -46,11 +65,18 @@ class CodeWatch:
         self._stop = threading.Event()
         packages = [path for path in self.paths if path.is_dir()]
         modules = {path for path in self.paths if not path.is_dir()}
+        python = PythonFilter()
+        self._digests = {
+            path: digest
+            for path in [*modules, *(file for package in packages for file in package.rglob("*") if python(Change.modified, str(file)))]
+            if (digest := _digest(path)) is not None
+        }
+        self._digests_lock = threading.Lock()
         # A module is watched through its folder, not as a file: an editor that saves by
         # renaming a new file over the old one ends a watch on the old file. Not the
         # folder's subfolders, which may hold a virtual environment and esk's data.
         self._groups: list[tuple[list[Path], Callable[[Change, str], bool], bool]] = [
-            (packages, PythonFilter(), True),
+            (packages, python, True),
             (sorted({module.parent for module in modules}), lambda _, path: Path(path) in modules, False),
         ]
 
@@ -74,6 +100,26 @@ class CodeWatch:
             for changes in watch(
                 *paths, watch_filter=only, recursive=recursive, debounce=DEBOUNCE_MS, stop_event=self._stop, raise_interrupt=False
             ):
-                self._changed.put({Path(path) for _, path in changes})
+                if changed := {path for path in {Path(path) for _, path in changes} if self._content_changed(path)}:
+                    self._changed.put(changed)
         except Exception as error:  # no watching (an OS limit on watches, say): esk dev goes on without it
             log.warning("not watching %s for changes (%r): start esk dev again after a change", ", ".join(map(str, paths)), error)
+
+    def _content_changed(self, path: Path) -> bool:
+        digest = _digest(path)
+        with self._digests_lock:
+            if self._digests.get(path) == digest:
+                return False
+            if digest is None:
+                del self._digests[path]
+            else:
+                self._digests[path] = digest
+            return True
+
+
+def _digest(path: Path) -> bytes | None:
+    """The file's content, digested; None when there is no such file (or none to read)."""
+    try:
+        return hashlib.blake2b(path.read_bytes(), digest_size=16).digest()
+    except OSError:
+        return None

@@ -26,6 +26,23 @@ def test_the_packages_and_modules_esk_imports_are_watched_not_the_whole_project(
     assert project_sources(elsewhere, tmp_path) == []
 
 
+def test_the_project_modules_they_import_are_watched_too_not_installed_ones(tmp_path: Path) -> None:
+    (tmp_path / "shop").mkdir()
+    (tmp_path / "helpers.py").write_text("")
+    (tmp_path / "common" / "money").mkdir(parents=True)
+    installed = tmp_path / ".venv" / "lib" / "python3.11" / "site-packages" / "pydantic" / "main.py"
+    installed.parent.mkdir(parents=True)
+    settings = Settings(domain="shop:AGGREGATES", read_models="shop:READ_MODELS", subscriptions="shop:SUBSCRIPTIONS", _env_file=None)
+    imported = [
+        tmp_path / "shop" / "__init__.py",
+        tmp_path / "helpers.py",
+        tmp_path / "common" / "money" / "amounts.py",
+        installed,
+        Path("/usr/lib/python3.11/json/__init__.py"),
+    ]
+    assert project_sources(settings, tmp_path, imported) == [tmp_path / "shop", tmp_path / "helpers.py", tmp_path / "common"]
+
+
 def _changes(watch: CodeWatch) -> set[Path]:
     deadline = time.monotonic() + 10
     changed: set[Path] = set()
@@ -65,6 +82,25 @@ def test_a_module_saved_by_renaming_a_new_file_over_it_is_told_each_time(tmp_pat
             assert module in _changes(watch), n
         other.write_text("not watched\n")  # beside it, not one of the project's sources
         module.write_text("A = 4\n")
+        assert _changes(watch) == {module}
+    finally:
+        watch.stop()
+
+
+def test_a_save_that_changes_nothing_is_no_change_and_a_removed_file_is_one(tmp_path: Path) -> None:
+    package = tmp_path / "shop"
+    package.mkdir()
+    module, other = package / "aggregates.py", package / "orders.py"
+    module.write_text("A = 1\n")
+    other.write_text("B = 1\n")
+    watch = CodeWatch([package]).start()
+    try:
+        time.sleep(0.5)
+        module.write_text("A = 1\n")  # an editor's save without an edit
+        module.touch()
+        other.unlink()
+        assert _changes(watch) == {other}
+        module.write_text("A = 2\n")
         assert _changes(watch) == {module}
     finally:
         watch.stop()

@@ -36,8 +36,11 @@ NOT_SOURCE = shutil.ignore_patterns(
 )
 
 # The user's project: its own `app` package, a domain that uses only what `esk` exports,
-# and no read models (so nothing needs Spark).
+# a helper module beside the package, and no read models (so nothing needs Spark).
 USER_PROJECT = {
+    "rules.py": """
+        CLOSED_ALREADY = "the ticket is closed already"
+    """,
     "app/__init__.py": """
         NAME = "user app"
     """,
@@ -49,6 +52,7 @@ USER_PROJECT = {
         import esk
         from app import NAME
         from esk import AggregateType, Command, Event, Rejection
+        from rules import CLOSED_ALREADY
 
 
         class Open(Command):
@@ -82,7 +86,7 @@ USER_PROJECT = {
                     return [Opened(title=title)]
                 case Close():
                     if state.status == "closed":
-                        return Rejection("ticket_closed", "the ticket is closed already")
+                        return Rejection("ticket_closed", CLOSED_ALREADY)
                     return [Closed()]
             raise TypeError(f"unhandled command {command!r}")
 
@@ -384,14 +388,16 @@ def test_a_user_project_runs_its_own_domain_with_esk_dev(
             assert r.json()["version"] == 3 and r.json()["state"]["status"] == "open", r.text
             assert "app/shop.py changed: starting esk dev's processes again" in log.read_text()
 
-            # A mistake in a change stops the processes, not esk dev: the next change starts them
-            shop = project / "app" / "shop.py"
-            working = shop.read_text()
-            shop.write_text(working + "\ndef broken(:\n")
+            # A mistake in a change stops the processes, not esk dev: the next change starts
+            # them. Made in the helper module the domain imports, watched as the domain is.
+            rules = project / "rules.py"
+            working = rules.read_text()
+            rules.write_text(working + "\ndef broken(:\n")
             wait_until(lambda: "esk dev's processes stopped (1): they start again at the next change" in log.read_text(),
                        "the mistake stops the processes", dev, log, 60)
+            assert "rules.py changed: starting esk dev's processes again" in log.read_text()
             assert "SyntaxError" in log.read_text()
-            shop.write_text(working)
+            rules.write_text(working)
             wait_until(lambda: answers(f"{api}/v1/tickets/t1", lambda r: r.status_code == 200), "the mended code runs", dev, log, 90)
 
         dev.send_signal(stop_signal)  # the parent alone: it has to stop its children itself
