@@ -19,6 +19,7 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.structs import ConsumerRecord
+from prometheus_client.parser import text_string_to_metric_families
 
 from esk.api.history import EventHistory, offset_key
 from esk.api.problems import Problem
@@ -224,6 +225,17 @@ async def test_a_commands_events_show_at_once_in_version_order(shop: System) -> 
     reached = {(p["topic"], p["partition"]): p["offset"] for p in body["positions"]}
     assert reached[position.topic, position.partition] >= position.offset
     assert body["next_version"] is None
+    # /metrics says how far the index is in every partition, those without events too
+    topic = events_topic(shop.settings, "counters")
+    metrics = (await shop.client.get("/metrics")).text
+    shown = {
+        int(sample.labels["partition"]): sample.value
+        for family in text_string_to_metric_families(metrics)
+        for sample in family.samples
+        if sample.name == "esk_history_position" and sample.labels["topic"] == topic
+    }
+    assert sorted(shown) == list(range(shop.settings.topics.partitions)), metrics
+    assert shown[position.partition] >= position.offset
 
     # A page at a time: the next one starts where the answer says; past the end, none.
     r = await shop.client.get(f"/v1/counters/{counter}/events", params={"from_version": 3, "limit": 5})

@@ -143,6 +143,7 @@ class TopicFollower(ABC):
             start = max(stored.get(tp, 0), beginnings[tp])
             consumer.seek(tp, start)
             self._offsets[tp] = start
+        self.written(dict(self._offsets))  # every partition from the start, those without events too
         behind = {tp for tp in tps if self._offsets[tp] < ends[tp]}
         started, records = time.monotonic(), 0
         if not behind:
