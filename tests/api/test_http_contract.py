@@ -13,7 +13,7 @@ from esk.kafka.topics import TopicNames
 from esk.protocol import payload_digest
 from esk.registry import load_registry
 from esk.settings import Settings
-from tests.system import events_topic, processor, read_topic, system
+from tests.system import events_topic, processor, read_topic, system, wait_for
 
 pytestmark = pytest.mark.kafka
 PROBLEM = "application/problem+json"
@@ -198,6 +198,35 @@ async def test_a_retried_idempotency_key_returns_the_original_and_emits_nothing_
         events = await read_topic(settings, events_topic(settings, "accounts"))
         assert [e["type"] for k, e, _ in events if k == account.encode()] == ["Opened", "Deposited"]
         assert [e["type"] for k, e, _ in events if k == other.encode()] == ["Opened"]
+
+
+async def test_a_key_reused_for_another_command_while_the_first_is_in_flight_is_refused_once_the_first_is_decided(
+    settings: Settings,
+) -> None:
+    registry = load_registry(settings.domain)
+    patient = settings.model_copy(update={"api": settings.api.model_copy(update={"outcome_timeout_s": 60})})
+    async with system(patient, processors=0) as s:
+        c, account = s.client, new_id()
+        key = {"Idempotency-Key": f"in-flight-{account}"}
+        # both stored before any processor runs, the open first: the deposit under its key
+        # comes while the open is in flight
+        opening = asyncio.create_task(c.post(f"/v1/accounts/{account}/open", json={"owner": "ada"}, headers=key))
+        await wait_for(lambda: commands_stored(settings, 1), 30, "the open command is stored")
+        depositing = asyncio.create_task(c.post(f"/v1/accounts/{account}/deposit", json={"amount": 5}, headers=key))
+        await wait_for(lambda: commands_stored(settings, 2), 30, "the deposit is stored")
+        async with processor(settings, registry):
+            opened, reused = await asyncio.wait_for(asyncio.gather(opening, depositing), 30)
+        assert opened.status_code == 200 and opened.json()["version"] == 1, opened.text
+        # refused as soon as the open is decided (the processor drops the deposit as its
+        # duplicate), not left waiting for an outcome that never comes
+        assert reused.status_code == 422 and reused.json()["code"] == "idempotency_key_reused", reused.text
+        assert f"is that of open on accounts/{account}" in reused.json()["detail"]
+        r = await c.get(f"/v1/accounts/{account}")
+        assert r.json()["version"] == 1 and r.json()["state"]["balance"] == 0
+
+
+async def commands_stored(settings: Settings, count: int) -> bool:
+    return len(await read_topic(settings, TopicNames(settings.app).commands)) >= count
 
 
 async def test_respond_async_and_the_command_resource(settings: Settings) -> None:

@@ -154,6 +154,16 @@ def _another_command(outcome: Outcome, aggregate_type: AggregateType[Any], aggre
     return f"{outcome.command} on {outcome.aggregate_type}/{outcome.aggregate_id}{' with another payload' if other_payload else ''}"
 
 
+def _refuse_another_command(outcome: Outcome, aggregate_type: AggregateType[Any], aggregate_id: str, command: str, digest: str) -> None:
+    """422 when `outcome`, under this command's Idempotency-Key, is another command's."""
+    if (other := _another_command(outcome, aggregate_type, aggregate_id, command, digest)) is not None:
+        raise Problem(
+            422, IDEMPOTENCY_KEY_REUSED,
+            f"the Idempotency-Key {outcome.command_id!r} is that of {other}: a new command needs a key of its own",
+            command_id=outcome.command_id,
+        )
+
+
 class CommandIntake:
     """Takes commands in for one API instance; remembers the ones still waiting for their
     outcome, so that GET /v1/commands/{id} can answer 202 for them."""
@@ -190,14 +200,9 @@ class CommandIntake:
         known = self.replica.outcome(command_id)
         digest = payload_digest(payload)
         if known is not None:
-            if (other := _another_command(known, aggregate_type, aggregate_id, name, digest)) is not None:
-                # a key reused for a new command: answering with the first one's outcome
-                # would tell of another aggregate, command or payload
-                raise Problem(
-                    422, IDEMPOTENCY_KEY_REUSED,
-                    f"the Idempotency-Key {command_id!r} is that of {other}: a new command needs a key of its own",
-                    command_id=command_id,
-                )
+            # a key reused for a new command: answering with the first one's outcome would
+            # tell of another aggregate, command or payload
+            _refuse_another_command(known, aggregate_type, aggregate_id, name, digest)
             return outcome_response(known, await self.positions.of(known))
         envelope = CommandEnvelope(
             command_id=command_id,
@@ -226,11 +231,14 @@ class CommandIntake:
             )
         self.pending.add(command_id)
         try:
-            # This command's own outcome: under a key reused while the first command was in
-            # flight, that one's outcome may come first and is not this one's answer (none
-            # of its own comes when the processor drops it as a duplicate: outcome_pending).
+            # This command's own outcome. Under a key reused while the first command was in
+            # flight, that one's outcome may come first: on the same aggregate (so the same
+            # partition) this one is then dropped as its duplicate, and refused here; on
+            # another, it is processed there, and its own outcome is waited for.
             outcome = await self.replica.wait_outcome(
-                command_id, lambda found: _another_command(found, aggregate_type, aggregate_id, name, digest) is None, api.outcome_timeout_s
+                command_id,
+                lambda found: (found.aggregate_type, found.aggregate_id) == (aggregate_type.name, aggregate_id),
+                api.outcome_timeout_s,
             )
         finally:
             self.pending.discard(command_id)
@@ -241,6 +249,7 @@ class CommandIntake:
                 {"Retry-After": str(api.retry_after_s), "Location": location},
                 command_id=command_id,
             )
+        _refuse_another_command(outcome, aggregate_type, aggregate_id, name, digest)
         return outcome_response(outcome, await self.positions.of(outcome))
 
 
