@@ -97,6 +97,9 @@ class ProcessorSettings(BaseModel):
     # Warm copies of each partition kept by other processors (following the changelog),
     # so that a failover replays only the tail. Needs at least 1 + N processors to matter.
     standby_replicas: int = 0
+    # How long the store of a partition this processor neither owns nor keeps a standby copy
+    # of stays on disk (warm, should the partition come back) before it is deleted.
+    state_cleanup_delay_s: float = 600.0
     transaction_timeout_ms: int = 60_000
     session_timeout_ms: int = 10_000
     max_poll_interval_ms: int = 300_000

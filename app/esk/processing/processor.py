@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
@@ -32,6 +33,9 @@ from .task_manager import TaskManager
 
 log = logging.getLogger(__name__)
 
+# How often, at most, the state directory is looked over for stores no longer kept here.
+STATE_CLEANUP_CHECK_S = 30.0
+
 
 class Processor:
     def __init__(
@@ -49,6 +53,11 @@ class Processor:
         self.standbys = StandbyTasks(settings, self.topics.changelog, self.resources, self.directory.store_path)
         self.assignor = StandbyAssignor(self.topics.commands, settings.processor.standby_replicas, self._warm_copies)
         self._consumer: AIOKafkaConsumer | None = None
+        # Until the first assignment, and while a rebalance is under way, every store looks
+        # unused: none is removed then.
+        self._rebalancing = True
+        self._next_cleanup = 0.0
+        self._deleting: set[asyncio.Task[None]] = set()
 
     @property
     def ready(self) -> bool:
@@ -83,10 +92,12 @@ class Processor:
         standbys = None
         if self.settings.processor.standby_replicas > 0:
             standbys = asyncio.create_task(self.standbys.run(standbys_stop), name="standbys")
+        self._delete(self.directory.set_aside_earlier())
         await consumer.start()
         try:
             while not stop.is_set():
                 await self._poll_once(consumer)
+                self._clean_state_directory(consumer)
             async with self.task_manager.lock:
                 await self.task_manager.commit_all()
         finally:
@@ -96,6 +107,7 @@ class Processor:
             await self.task_manager.close_all()
             if standbys is not None:
                 await standbys
+            await asyncio.gather(*self._deleting, return_exceptions=True)
             self._consumer = None
 
     async def _poll_once(self, consumer: AIOKafkaConsumer) -> None:
@@ -112,6 +124,32 @@ class Processor:
             if (end := consumer.last_stable_offset(task.input)) is not None:  # known once a fetch answered
                 COMMANDS_LAG.labels(str(number)).set(max(end - task.next_offset, 0))
 
+    def _clean_state_directory(self, consumer: AIOKafkaConsumer) -> None:
+        """Removes the stores of partitions neither owned nor kept warm here for
+        `state_cleanup_delay_s`. In one go from what is in use to the renames, with no
+        await between: a rebalance cannot hand a partition over meanwhile."""
+        delay_s, now = self.settings.processor.state_cleanup_delay_s, time.monotonic()
+        if self._rebalancing or now < self._next_cleanup:
+            return
+        self._next_cleanup = now + min(STATE_CLEANUP_CHECK_S, delay_s)
+        in_use = (
+            set(self.task_manager.partitions)  # starting ones too
+            | {tp.partition for tp in consumer.assignment()}
+            | self.assignor.standby
+            | self.standbys.partitions
+        )
+        aside = self.directory.set_aside_unused(in_use, delay_s, now)
+        if aside:
+            log.info("removing the stores of partitions %s: neither owned nor kept warm here for %.0f s", sorted(aside), delay_s)
+            self._delete(aside.values())
+
+    def _delete(self, paths: Iterable[Path]) -> None:
+        """Deletes the stores set aside in a thread: a large one takes a while."""
+        if paths := list(paths):
+            deleting = asyncio.create_task(asyncio.to_thread(self.directory.delete, paths), name="state-cleanup")
+            self._deleting.add(deleting)
+            deleting.add_done_callback(self._deleting.discard)
+
     def _warm_copies(self) -> dict[int, int]:
         """What this member tells the group leader it has: its standby copies with their
         changelog offsets, and any other store left on disk (offset unknown: 0)."""
@@ -122,8 +160,10 @@ class Processor:
         # Standby copies that turned active are closed first: the active task opens the same store.
         await self.standbys.assign(self.assignor.standby - numbers)
         self.task_manager.assign(numbers)
+        self._rebalancing = False
 
     async def _on_revoked(self, revoked: set[TopicPartition]) -> None:
+        self._rebalancing = True
         started = time.monotonic()
         async with self.task_manager.lock:
             await self.task_manager.revoke({tp.partition for tp in revoked})

@@ -1,0 +1,52 @@
+"""Which stores of a processor's state directory go, and when: pure logic over real
+directories (and a real RocksDB lock held by another process), no Kafka."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from rocksdict import Rdict
+
+from esk.state.directory import StateDirectory
+
+
+def _directory(root: Path, partitions: range) -> StateDirectory:
+    directory = StateDirectory(root, "shop.commands")
+    for partition in partitions:
+        Rdict(str(directory.store_path(partition))).close()
+    return directory
+
+
+def test_a_store_goes_once_unused_at_every_look_for_the_delay(tmp_path: Path) -> None:
+    directory = _directory(tmp_path, range(3))
+    assert directory.set_aside_unused({0}, delay_s=10, now=100) == {}
+    assert directory.set_aside_unused({0, 1}, delay_s=10, now=105) == {}  # 1 in use again: its wait starts over
+    aside = directory.set_aside_unused({0}, delay_s=10, now=110)
+    assert list(aside) == [2]
+    assert directory.partitions_on_disk() == {0, 1}
+    assert directory.set_aside_earlier() == [aside[2]]  # until deleted
+    assert directory.set_aside_unused({0}, delay_s=10, now=119) == {}
+    assert list(directory.set_aside_unused({0}, delay_s=10, now=120)) == [1]
+    directory.delete(directory.set_aside_earlier())
+    assert directory.set_aside_earlier() == [] and directory.partitions_on_disk() == {0}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["shop.commands-0"]
+
+
+def test_a_store_another_process_holds_open_stays(tmp_path: Path) -> None:
+    """Two processors may share a directory: a store the other one has open is its own."""
+    directory = _directory(tmp_path, range(2))
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"from rocksdict import Rdict; import sys, time; d = Rdict({str(directory.store_path(1))!r}); print('open', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "open\n"
+        assert directory.set_aside_unused(set(), delay_s=0, now=time.monotonic()).keys() == {0}
+        assert directory.partitions_on_disk() == {1}
+    finally:
+        holder.kill()
+        holder.wait()
+    assert directory.set_aside_unused(set(), delay_s=0, now=time.monotonic()).keys() == {1}
