@@ -24,6 +24,7 @@ from pydantic import BaseModel
 from typer.core import TyperGroup
 
 from esk.cli import cli
+from esk.jars import CACHE_DIR_VARIABLE
 from esk.projections.catalog import configured_read_models
 from esk.settings import Settings
 from esk.subscriptions.api import DatabaseHandler
@@ -227,6 +228,7 @@ def setting_names(model: type[BaseModel], prefix: str, delimiter: str) -> set[st
 
 def test_every_esk_variable_is_a_setting_and_its_value_parses(monkeypatch: pytest.MonkeyPatch) -> None:
     valid = setting_names(Settings, Settings.model_config["env_prefix"] or "", Settings.model_config["env_nested_delimiter"] or "")
+    valid.add(CACHE_DIR_VARIABLE)
     for name in KUSTOMIZATIONS:
         documents = manifests(name)
         env = {**dockerfile_env(), **config_map(documents), **secret(documents)}

@@ -26,8 +26,12 @@ class JarsError(RuntimeError):
     """A one-line, actionable reason why a jar set cannot be resolved."""
 
 
+# Not a setting: read where no Settings are at hand (the class archive's path).
+CACHE_DIR_VARIABLE = "ESK_CACHE_DIR"
+
+
 def cache_dir() -> Path:
-    explicit = os.environ.get("ESK_CACHE_DIR")
+    explicit = os.environ.get(CACHE_DIR_VARIABLE)
     if explicit:
         return Path(explicit)
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
