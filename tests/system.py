@@ -8,6 +8,7 @@ import inspect
 import os
 import subprocess
 import sys
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
@@ -127,6 +128,34 @@ async def system(settings: Settings, apis: int = 1, processors: int = 1) -> Asyn
             running.apps.append(app)
             running.clients.append(client)
         yield running
+
+
+async def processors_domain(settings: Settings, **processor: Any) -> tuple[Settings, Registry]:
+    """`settings` with these processor settings, and its domain with its topics made: for
+    tests that run several processors over them."""
+    settings = settings.model_copy(update={"processor": settings.processor.model_copy(update=processor)})
+    registry = load_registry(settings.domain)
+    await ensure_topics(settings, topic_specs(settings, registry))
+    return settings, registry
+
+
+@asynccontextmanager
+async def first_processor(
+    settings: Settings, registry: Registry, accounts: int
+) -> AsyncIterator[tuple[httpx.AsyncClient, RunningProcessor, list[str]]]:
+    """An API and a first processor (state directories "a0" and "p0"), which owns every
+    partition as it opens `accounts` new accounts: for more processors to join."""
+    opened = [f"a{n}-{uuid.uuid4().hex[:6]}" for n in range(accounts)]
+    async with api(with_state_dirs(settings, "a0"), registry) as client, processor(with_state_dirs(settings, "p0"), registry) as first:
+        for account in opened:
+            assert (await client.post(f"/v1/accounts/{account}/open", json={"owner": "o"})).status_code == 200
+        yield client, first, opened
+
+
+def sharing(first: RunningProcessor, second: RunningProcessor, partitions: set[int]) -> bool:
+    """Both processors ready, each with partitions of its own, all of them between them."""
+    owned = set(first.processor.tasks), set(second.processor.tasks)
+    return first.processor.ready and second.processor.ready and all(owned) and owned[0] | owned[1] == partitions
 
 
 def with_state_dirs(settings: Settings, suffix: str) -> Settings:

@@ -4,16 +4,12 @@ replays the partitions' whole changelog: the contrast is the point."""
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from esk.kafka.reader import committed_reader
-from esk.kafka.topics import ensure_topics, topic_specs
-from esk.registry import load_registry
 from esk.settings import Settings
-from tests.system import RunningProcessor, api, processor, wait_for, with_state_dirs
+from tests.system import RunningProcessor, first_processor, processor, processors_domain, sharing, wait_for, with_state_dirs
 
 pytestmark = pytest.mark.kafka
 
@@ -28,49 +24,37 @@ async def _caught_up(standby: RunningProcessor, reader: AIOKafkaConsumer) -> boo
 
 @pytest.mark.parametrize("standby_replicas", [0, 1])
 async def test_failover_replays_only_what_no_standby_kept(settings: Settings, standby_replicas: int) -> None:
-    settings = settings.model_copy(
-        update={"processor": settings.processor.model_copy(update={"standby_replicas": standby_replicas})}
-    )
-    registry = load_registry(settings.domain)
-    await ensure_topics(settings, topic_specs(settings, registry))
-    accounts = [f"s{n}-{uuid.uuid4().hex[:4]}" for n in range(12)]
+    settings, registry = await processors_domain(settings, standby_replicas=standby_replicas)
     partitions = set(range(settings.topics.partitions))
-    async with api(with_state_dirs(settings, "a0"), registry) as client:
-        async with processor(with_state_dirs(settings, "p0"), registry) as first:
-            for account in accounts:
-                assert (await client.post(f"/v1/accounts/{account}/open", json={"owner": "o"})).status_code == 200
-            async with processor(with_state_dirs(settings, "p1"), registry) as second:
-                await wait_for(
-                    lambda: first.processor.ready and second.processor.ready
-                    and set(first.processor.tasks) | set(second.processor.tasks) == partitions,
-                    what="both processors own partitions",
-                )
-                for account in accounts:  # live traffic the standbys must follow
-                    r = await client.post(f"/v1/accounts/{account}/deposit", json={"amount": 5})
-                    assert r.status_code == 200 and r.json()["version"] == 2
-                moved = set(first.processor.tasks)
-                if standby_replicas:
-                    assert second.processor.standbys.partitions == moved
-                    reader = committed_reader(settings)
-                    await reader.start()
-                    try:
-                        await wait_for(lambda: _caught_up(second, reader), what="standby copies caught up")
-                    finally:
-                        await reader.stop()
-                else:
-                    assert second.processor.standbys.partitions == set()
+    async with first_processor(settings, registry, 12) as (client, first, accounts):
+        async with processor(with_state_dirs(settings, "p1"), registry) as second:
+            await wait_for(lambda: sharing(first, second, partitions), what="both processors own partitions")
+            for account in accounts:  # live traffic the standbys must follow
+                r = await client.post(f"/v1/accounts/{account}/deposit", json={"amount": 5})
+                assert r.status_code == 200 and r.json()["version"] == 2
+            moved = set(first.processor.tasks)
+            if standby_replicas:
+                assert second.processor.standbys.partitions == moved
+                reader = committed_reader(settings)
+                await reader.start()
+                try:
+                    await wait_for(lambda: _caught_up(second, reader), what="standby copies caught up")
+                finally:
+                    await reader.stop()
+            else:
+                assert second.processor.standbys.partitions == set()
 
-                await first.shutdown()
-                await wait_for(
-                    lambda: second.processor.ready and set(second.processor.tasks) == partitions,
-                    what="the survivor owns every partition",
-                )
-                replayed = sum(second.processor.restores[p].restored for p in moved)
-                if standby_replicas:
-                    assert replayed == 0
-                else:
-                    assert replayed > 0  # the whole changelog of `moved`, from the beginning
-                for account in accounts:  # and the state it took over is the right one
-                    r = await client.post(f"/v1/accounts/{account}/deposit", json={"amount": 1})
-                    assert r.status_code == 200 and r.json()["version"] == 3
-                    assert (await client.get(f"/v1/accounts/{account}")).json()["state"]["balance"] == 6
+            await first.shutdown()
+            await wait_for(
+                lambda: second.processor.ready and set(second.processor.tasks) == partitions,
+                what="the survivor owns every partition",
+            )
+            replayed = sum(second.processor.restores[p].restored for p in moved)
+            if standby_replicas:
+                assert replayed == 0
+            else:
+                assert replayed > 0  # the whole changelog of `moved`, from the beginning
+            for account in accounts:  # and the state it took over is the right one
+                r = await client.post(f"/v1/accounts/{account}/deposit", json={"amount": 1})
+                assert r.status_code == 200 and r.json()["version"] == 3
+                assert (await client.get(f"/v1/accounts/{account}")).json()["state"]["balance"] == 6
