@@ -43,8 +43,9 @@ cli.add_typer(subscriptions_cli, name="subscriptions")
 
 # soft_wrap: a line printed to a pipe or a log file stays one line (rich would otherwise wrap
 # it at 80 columns), as a log collector reads it; tables still fit the width.
-console = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
+# No emoji codes: ":X:" in a setting (ESK_DOMAIN=pkg.mod:X) would print as an emoji.
+console = Console(soft_wrap=True, emoji=False)
+err = Console(stderr=True, soft_wrap=True, emoji=False)
 
 
 def load_settings(**overrides: Any) -> Settings:
@@ -435,13 +436,32 @@ LockFileOption = Annotated[Path, typer.Option("--file", help="The lock file.")]
 
 
 @schema_cli.command("lock")
-def schema_lock(file: LockFileOption = LOCK_FILE) -> None:
-    """Write the JSON Schema of every command, event and state to the lock file, for you to commit."""
+def schema_lock(
+    file: LockFileOption = LOCK_FILE,
+    force: Annotated[
+        bool, typer.Option("--force", help="Lock even changes that break the events stored under the lock: only for events never stored.")
+    ] = False,
+) -> None:
+    """Write the JSON Schema of every command, event and state to the lock file, for you to
+    commit. A change that breaks the events stored under the lock is refused: a lock cannot
+    make them readable again (a command change that breaks clients is taken)."""
+    from .schema.check import Severity, check
+
     settings = load_settings()
     registry = domain_registry(settings)
     try:
         # The previous lock holds the schemas of events' earlier versions: the new one keeps them.
-        lock = build_lock(registry, read_lock(file) if file.exists() else None)
+        previous = read_lock(file) if file.exists() else None
+        if previous is not None and not force:
+            stored = [f for f in check(registry, previous) if f.severity is Severity.BREAKING and f.subject in ("aggregate", "event")]
+            for finding in stored:
+                err.print(f"  {escape(str(finding))}", highlight=False, soft_wrap=True)
+            if stored:
+                raise fail(
+                    f"{file} not written: {len(stored)} {'change breaks' if len(stored) == 1 else 'changes break'} the events "
+                    f"stored under it (above); mend the code, or lock with --force if no such event was ever stored"
+                )
+        lock = build_lock(registry, previous)
     except LockError as error:
         raise fail(str(error)) from None
     try:
@@ -694,7 +714,7 @@ def print_rows(columns: list[str], rows: list[list[Any]], output: str) -> None:
 def print_table(table: Table) -> None:
     # Piped or in a log, rich would cut the table to 80 columns (a grep would miss what was
     # cut): as wide as it needs then.
-    (console if console.is_terminal else Console(width=10_000)).print(table)
+    (console if console.is_terminal else Console(width=10_000, emoji=False)).print(table)
 
 
 def main() -> None:

@@ -167,6 +167,17 @@ def test_a_version_bump_without_an_upcaster_is_breaking() -> None:
     assert "no upcaster from v1" in str(finding) and "upcasters[('Deposited', 1)]" in str(finding)
 
 
+def test_a_version_skipped_by_the_upcasters_is_named() -> None:
+    class Deposited(Event):
+        schema_version = 3
+        amount: int
+
+    finding = only(Severity.BREAKING, check(wallets(events=[Opened, Deposited], upcasters={("Deposited", 1): lambda data: data}), LOCKED))
+    assert str(finding).endswith(
+        "no upcaster from v2, so stored v1 events could not be brought to v3, a version at a time: add upcasters[('Deposited', 2)]"
+    )
+
+
 def test_a_removed_event_type_is_breaking() -> None:
     finding = only(Severity.BREAKING, check(wallets(events=[Opened]), LOCKED))
     assert (finding.subject, finding.name) == ("event", "Deposited")
@@ -491,6 +502,13 @@ def test_the_command_line_locks_and_checks(tmp_path: Path) -> None:
     assert changed.returncode == 1
     assert "tills event Opened: new required field `currency`, but schema_version is still 1" in changed.stdout
     assert "1 breaking change against esk.lock.json" in changed.stderr
+    # nor can a new lock take it: the events stored under the old one stay as they are
+    before = (tmp_path / "esk.lock.json").read_text()
+    refused = esk(tmp_path, "lock")
+    assert refused.returncode == 1
+    assert "tills event Opened: new required field `currency`, but schema_version is still 1" in refused.stderr
+    assert "error: esk.lock.json not written: 1 change breaks the events stored under it (above)" in refused.stderr
+    assert (tmp_path / "esk.lock.json").read_text() == before
 
     # A new schema_version and an upcaster from v1: the gate passes, and says why.
     write_domain(tmp_path, V1.replace(
@@ -500,6 +518,31 @@ def test_the_command_line_locks_and_checks(tmp_path: Path) -> None:
     upcast = esk(tmp_path, "check")
     assert upcast.returncode == 0, upcast.stdout + upcast.stderr
     assert "compatible:\n  tills event Opened: schema_version 1 -> 2" in upcast.stdout
+
+
+def test_a_lock_takes_a_command_change_and_with_force_an_event_change(tmp_path: Path) -> None:
+    write_domain(tmp_path, V1)
+    assert esk(tmp_path, "lock").returncode == 0
+    # a command change that breaks clients is taken by a new lock, as the check says
+    write_domain(tmp_path, V1.replace("class Open(Command):\n        owner: str", "class Open(Command):\n        owner: str\n        till: str"))
+    assert esk(tmp_path, "check").returncode == 1
+    assert esk(tmp_path, "lock").returncode == 0
+    assert esk(tmp_path, "check").stdout.strip() == "esk.lock.json: the code matches it"
+    # an event's change under its version only with --force (no such event was ever stored)
+    write_domain(tmp_path, V1.replace("class Opened(Event):\n        owner: str", "class Opened(Event):\n        name: str")
+                 .replace("Opened(owner=command.owner)", "Opened(name=command.owner)").replace("Till(owner=event.owner)", "Till(owner=event.name)"))
+    assert esk(tmp_path, "lock").returncode == 1
+    forced = esk(tmp_path, "lock", "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert esk(tmp_path, "check").stdout.strip() == "esk.lock.json: the code matches it"
+
+
+def test_a_setting_is_printed_as_it_is(tmp_path: Path) -> None:
+    """`:X:` in a setting is no emoji code for esk's errors."""
+    write_domain(tmp_path, V1)
+    env = {**os.environ, "ESK_DOMAIN": "shop:X:"}
+    r = subprocess.run([sys.executable, "-m", "esk", "schema", "check"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "shop:X:" in r.stderr and "\u274c" not in r.stderr, r.stderr
 
 
 def test_the_command_line_writes_where_it_is_told(tmp_path: Path) -> None:

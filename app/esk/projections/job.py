@@ -37,7 +37,7 @@ def main() -> None:
     except ValueError as error:
         parser.error(str(error))
     os.environ["ESK_SPARK_SUBMITTED"] = "1"  # the master comes from spark-submit, not from settings
-    console = Console(stderr=True, soft_wrap=True)
+    console = Console(stderr=True, soft_wrap=True, emoji=False)
     try:
         code = run_and_report(settings, chosen, args.continuous, args.rebuild, console, stop_on_signals(console))
     except RunFailed as failed:

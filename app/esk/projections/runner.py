@@ -120,7 +120,7 @@ def run(
     lock unless the caller took it (`held`): while another run holds it, a one-shot run or
     a rebuild is refused (GenerationBusy), and a continuous run waits, a standby that says
     who holds it (its driver started first, to tell whether the read model changed)."""
-    console = console or Console(stderr=True, soft_wrap=True)
+    console = console or Console(stderr=True, soft_wrap=True, emoji=False)
     stop = stop or StopRequest()
     name = projection.model.name
     _check_reads(settings, projection)

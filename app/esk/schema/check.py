@@ -179,9 +179,12 @@ def _event_changes(aggregate: AggregateType[Any], name: str, locked: LockedEvent
     older = {v: schema for v, schema in sorted({**locked.older_versions, version: locked.schema}.items()) if v < now.schema_version}
     missing = [v for v in range(min(older, default=now.schema_version), now.schema_version) if (name, v) not in aggregate.upcasters]
     if missing:
+        # A version never locked is not stored, but the older ones get through it, a step at a time.
+        why = (f"stored v{missing[0]} events could no longer be read" if missing[0] in older
+               else f"stored v{min(older)} events could not be brought to v{now.schema_version}, a version at a time")
         yield Finding(
             Severity.BREAKING, aggregate.name, "event", name, "",
-            f"{subject}: no upcaster from v{missing[0]}, so stored v{missing[0]} events could no longer be read: add upcasters[({name!r}, {missing[0]})]",
+            f"{subject}: no upcaster from v{missing[0]}, so {why}: add upcasters[({name!r}, {missing[0]})]",
         )
         return
     for old_version, schema in older.items():
