@@ -198,7 +198,8 @@ def dev(
     topics, processor, API, a subscriber per subscription and the read models (one Spark
     driver), started again when the project's code changes. Ctrl-C (or SIGTERM) stops all of it."""
     from .code_watch import CodeWatch, imported_files, project_sources
-    from .runtime import run_dev, run_dev_reloading
+    from .processes import HeldElsewhere
+    from .runtime import dev_lock, run_dev, run_dev_reloading
 
     # SIGTERM (docker stop, systemd, a supervisor) stops everything as Ctrl-C does; by
     # default it would end this process alone and leave the processor and API running.
@@ -207,6 +208,14 @@ def dev(
     for stop_signal in (signal.SIGINT, signal.SIGTERM):
         signal.signal(stop_signal, signal.default_int_handler)
     settings = load_settings()
+    try:
+        lock = dev_lock(settings)  # noqa: F841  # held until this process ends
+    except HeldElsewhere as error:
+        who = f" (pid {error.pid})" if error.pid is not None else ""
+        raise fail(
+            f"esk dev runs here already{who}, over {settings.processor.state_dir}: stop it first, "
+            "or give this one a state directory and ports of its own (ESK_PROCESSOR__STATE_DIR, ESK_API__PORT, …)"
+        ) from None
     domain_registry(settings)  # before the broker starts: a wrong ESK_DOMAIN costs no broker start
     subscriptions = list(configured_subscriptions(settings))
     projections = dev_read_models(settings)

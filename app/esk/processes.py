@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import subprocess
 import threading
+from pathlib import Path
+from typing import IO
 
 import psutil
 
@@ -46,3 +49,30 @@ def kill_tree(process: subprocess.Popen[bytes]) -> None:
             each.kill()
     process.kill()
     process.wait()
+
+
+class HeldElsewhere(Exception):
+    """Another process holds the lock; `pid` is the one it wrote, when it could be read."""
+
+    def __init__(self, pid: int | None) -> None:
+        super().__init__(f"held by process {pid}")
+        self.pid = pid
+
+
+def hold_lock(path: Path) -> IO[str]:
+    """An exclusive lock on `path` (made if missing) that holds while the file returned is
+    open, so at most as long as this process lives (the kernel drops it then, however the
+    process ends); the file tells this process's pid. Raises HeldElsewhere."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    file = path.open("a+")
+    try:
+        fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        file.seek(0)
+        pid = file.read().strip()
+        file.close()
+        raise HeldElsewhere(int(pid) if pid.isdigit() else None) from None
+    file.truncate(0)
+    file.write(f"{os.getpid()}\n")
+    file.flush()
+    return file

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import os
@@ -13,14 +14,14 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn
 
 from . import tracing
 from .health import serve_operations
-from .processes import kill_tree, set_from_signal_handler
+from .processes import hold_lock, kill_tree, set_from_signal_handler
 from .processing.processor import Processor
 from .registry import load_registry
 from .settings import Settings
@@ -187,6 +188,21 @@ def stop_all(children: list[subprocess.Popen[bytes]], timeout_s: float = DEV_STO
 ESK = [sys.executable, "-m", "esk"]
 
 
+# In the environment of the `esk dev --no-reload` that an esk dev watching the code runs its
+# processes under: that one holds esk dev's lock already.
+DEV_CHILD_VARIABLE = "_ESK_DEV_CHILD"
+DEV_LOCK = "esk-dev.lock"
+
+
+def dev_lock(settings: Settings) -> IO[str] | None:
+    """One esk dev over one processor state directory (and so one project's data and
+    ports), held for as long as this process lives; None below an esk dev that holds it.
+    Raises HeldElsewhere."""
+    if os.environ.get(DEV_CHILD_VARIABLE):
+        return None
+    return hold_lock(Path(settings.processor.state_dir) / DEV_LOCK)
+
+
 def _children_env(settings: Settings) -> dict[str, str]:
     """esk dev's processes use its broker, the embedded one included."""
     return {**os.environ, "ESK_KAFKA__BOOTSTRAP_SERVERS": settings.bootstrap_servers}
@@ -200,21 +216,23 @@ def run_dev(settings: Settings, subscriptions: list[str], read_models: bool = Fa
     as commands need none of it, and the driver is started again (RestartedChild)."""
     env = _children_env(settings)
     with StopSignals() as stop:
-        children = [
-            subprocess.Popen([*ESK, "processor"], env=env),
-            subprocess.Popen([*ESK, "api"], env=env),
-        ]
+        named = {
+            "the processor": subprocess.Popen([*ESK, "processor"], env=env),
+            "the API": subprocess.Popen([*ESK, "api"], env=env),
+        }
         first_port = settings.subscriber.metrics_port
         for n, name in enumerate(subscriptions):
             # each on a metrics port of its own, the next one up
             port = {"ESK_SUBSCRIBER__METRICS_PORT": str(first_port + n)} if first_port is not None else {}
-            children.append(subprocess.Popen([*ESK, "subscriber", name], env={**env, **port}))
+            named[f"the subscriber of {name}"] = subprocess.Popen([*ESK, "subscriber", name], env={**env, **port})
+        children = list(named.values())
         driver = RestartedChild([*ESK, "project", "run", "--all", "--continuous"], env, "the read models' driver") if read_models else None
         code = 0
         try:
             while not stop.asked.wait(0.5):
-                if not all(child.poll() is None for child in children):
-                    log.error("a child process exited; stopping the others")
+                if exited := [(what, child) for what, child in named.items() if child.poll() is not None]:
+                    what, child = exited[0]
+                    log.error("%s (pid %d) exited (%s); stopping the others", what, child.pid, _exit_status(child.returncode))
                     code = 1
                     break
                 if driver is not None:
@@ -226,13 +244,20 @@ def run_dev(settings: Settings, subscriptions: list[str], read_models: bool = Fa
     return code
 
 
+def _exit_status(code: int) -> str:
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-code).name}"
+    return f"exit code {code}"
+
+
 def run_dev_reloading(settings: Settings, watch: CodeWatch) -> int:
     """esk dev's processes, under a parent of their own (`esk dev --no-reload`), until
     Ctrl-C, started again with the code as it is whenever the project's code changes.
     They exiting on their own ends this too, with their exit code, unless the code changed
     since esk dev started: then it is likely the change's fault, and they are started again
     at the next change (as `uvicorn --reload` waits for one)."""
-    processes, env = [*ESK, "dev", "--no-reload"], _children_env(settings)
+    processes, env = [*ESK, "dev", "--no-reload"], {**_children_env(settings), DEV_CHILD_VARIABLE: "1"}
     # above the processes' own stop, which ends by killing those still stopping
     stop_timeout_s = DEV_STOP_TIMEOUT_S + 10
     reloaded = False

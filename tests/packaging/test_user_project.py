@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from esk.broker.ports import free_port
@@ -349,6 +350,10 @@ def test_a_user_project_runs_its_own_domain_with_esk_dev(
             log,
             60,
         )
+        # one esk dev over the project's state: a second is refused, naming the first
+        second = subprocess.run([PYTHON, "-m", "esk", "dev"], cwd=project, env=env, capture_output=True, text=True, timeout=60)
+        assert second.returncode == 1
+        assert second.stderr.startswith(f"error: esk dev runs here already (pid {dev.pid}), over .esk/state/processor: stop it first"), second.stderr
         with httpx.Client(base_url=api, timeout=30) as client:
             r = client.post("/v1/tickets/t1/open", json={"title": "printer on fire"}, headers={"If-None-Match": "*"})
             assert r.status_code == 200, r.text
@@ -399,6 +404,12 @@ def test_a_user_project_runs_its_own_domain_with_esk_dev(
             assert "SyntaxError" in log.read_text()
             rules.write_text(working)
             wait_until(lambda: answers(f"{api}/v1/tickets/t1", lambda r: r.status_code == 200), "the mended code runs", dev, log, 90)
+
+        # a process that dies is named, and the others are stopped
+        (processor,) = [p for p in psutil.Process(dev.pid).children(recursive=True) if p.cmdline()[-1:] == ["processor"]]
+        processor.kill()
+        wait_until(lambda: f"the processor (pid {processor.pid}) exited (killed by SIGKILL); stopping the others" in log.read_text(),
+                   "the processor's end is told", dev, log, 30)
 
         dev.send_signal(stop_signal)  # the parent alone: it has to stop its children itself
         try:

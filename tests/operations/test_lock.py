@@ -1,0 +1,32 @@
+"""esk dev's lock: one holder at a time, named to the next, and let go when it ends,
+however it ends."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from esk.processes import HeldElsewhere, hold_lock
+
+
+def test_a_held_lock_names_its_holder_and_is_free_once_it_is_gone(tmp_path: Path) -> None:
+    path = tmp_path / "state" / "esk-dev.lock"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"import time; from pathlib import Path; from esk.processes import hold_lock; f = hold_lock(Path({str(path)!r})); print('held', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        with pytest.raises(HeldElsewhere) as refused:
+            hold_lock(path)
+        assert refused.value.pid == holder.pid
+    finally:
+        holder.kill()  # no chance to let go itself: the kernel does
+        holder.wait()
+    held = hold_lock(path)
+    assert path.read_text() == f"{os.getpid()}\n"
+    held.close()
