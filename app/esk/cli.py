@@ -18,13 +18,14 @@ from .kafka.client_options import KafkaAccessError, check_access
 from .kafka.topics import ensure_topics, topic_specs
 from .logs import configure_logging
 from .registry import ImportFailed, Registry, SettingMistake, load_registry
-from .schema.lock import LOCK_FILE, LockError, build_lock, read_lock, write_lock
+from .schema.lock import LOCK_FILE, Lock, LockError, build_lock, read_lock, write_lock
 from .settings import Settings
 
 if TYPE_CHECKING:
     from rich.table import Table
 
     from .projections.catalog import Projection
+    from .schema.check import Finding
     from .subscriptions.api import AnySubscription
 
 cli = typer.Typer(no_args_is_help=True, add_completion=False, help="esk: event sourcing and CQRS on Apache Kafka.")
@@ -216,7 +217,7 @@ def dev(
             f"esk dev runs here already{who}, over {settings.processor.state_dir}: stop it first, "
             "or give this one a state directory and ports of its own (ESK_PROCESSOR__STATE_DIR, ESK_API__PORT, …)"
         ) from None
-    domain_registry(settings)  # before the broker starts: a wrong ESK_DOMAIN costs no broker start
+    registry = domain_registry(settings)  # before the broker starts: a wrong ESK_DOMAIN costs no broker start
     subscriptions = list(configured_subscriptions(settings))
     projections = dev_read_models(settings)
     sources = project_sources(settings, Path.cwd(), imported_files()) if reload else []
@@ -245,6 +246,7 @@ def dev(
             finally:
                 watch.stop()
         else:
+            _warn_of_stored_events_broken(registry)
             init_topics(settings)
             console.print(
                 f"API on http://{settings.api.host}:{settings.api.port} (docs: /docs); Ctrl-C stops everything",
@@ -444,6 +446,28 @@ def jars(
 LockFileOption = Annotated[Path, typer.Option("--file", help="The lock file.")]
 
 
+def _warn_of_stored_events_broken(registry: Registry) -> None:
+    """esk dev's word, as its processes start, on a change to the events that the project's
+    lock file says breaks those stored: the processor would write the new shape under the
+    old version."""
+    try:
+        broken = stored_events_broken(registry, read_lock()) if LOCK_FILE.exists() else []
+    except LockError as error:
+        err.print(f"[yellow]warning:[/yellow] {escape(str(error))}", highlight=False)
+        return
+    for finding in broken:
+        err.print(f"[yellow]warning:[/yellow] {escape(str(finding))}", highlight=False)
+    if broken:
+        err.print(f"[yellow]warning:[/yellow] {LOCK_FILE}: the events stored under it would no longer all be read (`esk schema check`)", highlight=False)
+
+
+def stored_events_broken(registry: Registry, lock: Lock) -> list[Finding]:
+    """What `esk schema check` finds in the code that breaks the events stored under `lock`."""
+    from .schema.check import Severity, check
+
+    return [f for f in check(registry, lock) if f.severity is Severity.BREAKING and f.subject in ("aggregate", "event")]
+
+
 @schema_cli.command("lock")
 def schema_lock(
     file: LockFileOption = LOCK_FILE,
@@ -454,15 +478,13 @@ def schema_lock(
     """Write the JSON Schema of every command, event and state to the lock file, for you to
     commit. A change that breaks the events stored under the lock is refused: a lock cannot
     make them readable again (a command change that breaks clients is taken)."""
-    from .schema.check import Severity, check
-
     settings = load_settings()
     registry = domain_registry(settings)
     try:
         # The previous lock holds the schemas of events' earlier versions: the new one keeps them.
         previous = read_lock(file) if file.exists() else None
         if previous is not None and not force:
-            stored = [f for f in check(registry, previous) if f.severity is Severity.BREAKING and f.subject in ("aggregate", "event")]
+            stored = stored_events_broken(registry, previous)
             for finding in stored:
                 err.print(f"  {escape(str(finding))}", highlight=False, soft_wrap=True)
             if stored:

@@ -338,6 +338,13 @@ def test_a_user_project_runs_its_own_domain_with_esk_dev(
         ESK_PROCESSOR__METRICS_PORT=str(metrics_port),
     )
     package_before = files_under(installed.package)
+    # a lock file from before a change to an event under its version (a field dropped): esk
+    # dev says so as its processes start
+    shop = project / "app" / "shop.py"
+    released = shop.read_text()
+    shop.write_text(released.replace("class Opened(Event):\n    title: str\n", "class Opened(Event):\n    title: str\n    priority: str\n"))
+    run([PYTHON, "-m", "esk", "schema", "lock"], cwd=project, env=env)
+    shop.write_text(released)
     log = tmp_path / "esk-dev.log"
     with esk_dev(project, env, log) as dev:
         api = f"http://127.0.0.1:{api_port}"
@@ -350,6 +357,8 @@ def test_a_user_project_runs_its_own_domain_with_esk_dev(
             log,
             60,
         )
+        assert "warning: tickets event Opened: field `priority` removed, but schema_version is still 1" in log.read_text()
+        assert "warning: esk.lock.json: the events stored under it would no longer all be read (`esk schema check`)" in log.read_text()
         # one esk dev over the project's state: a second is refused, naming the first
         second = subprocess.run([PYTHON, "-m", "esk", "dev"], cwd=project, env=env, capture_output=True, text=True, timeout=60)
         assert second.returncode == 1
