@@ -631,7 +631,8 @@ def subscriptions_status(
         for p in status.partitions:
             table.add_row(p.topic, str(p.partition), "-" if p.next_offset is None else str(p.next_offset), str(p.end), str(p.lag))
         print_table(table)
-        console.print(f"{status.name}: {'caught up' if status.caught_up else f'{status.lag:,} behind'}", highlight=False)
+        parked = f"; {status.parked:,} parked (esk subscriptions parked {status.name})" if status.parked else ""
+        console.print(f"{status.name}: {'caught up' if status.caught_up else f'{status.lag:,} behind'}{parked}", highlight=False)
         if not status.caught_up:
             behind.append(status.name)
     if behind:
@@ -697,6 +698,9 @@ def _os_user() -> str:
 def subscriptions_reset(
     name: NameArgument,
     to: Annotated[str, typer.Option("--to", help="earliest, or an ISO 8601 time (e.g. 2025-01-31T12:00:00+00:00).")],
+    keep_data: Annotated[
+        bool, typer.Option("--keep-data", help="A database handler without on_reset: replay into its tables as they are.")
+    ] = False,
 ) -> None:
     """Replay: rewind the offsets (a database handler's on_reset hook runs in the same
     transaction); handlers see ctx.replaying until the subscription is back where it was."""
@@ -714,7 +718,7 @@ def subscriptions_reset(
         if when.tzinfo is None:
             when = when.replace(tzinfo=UTC)
     try:
-        offsets = asyncio.run(subscription_operations(load_settings(), name).reset(when))
+        offsets = asyncio.run(subscription_operations(load_settings(), name).reset(when, keep_data))
     except RefusedError as error:
         raise fail(str(error)) from None
     for tp, offset in sorted(offsets.items()):

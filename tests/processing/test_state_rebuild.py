@@ -9,13 +9,14 @@ from typing import Any
 
 import httpx
 import pytest
+from aiokafka.structs import ConsumerRecord
 from pydantic import BaseModel
 
 from esk import AggregateType, Command, Decision, Event
 from esk.kafka.topics import ensure_topics, topic_specs
 from esk.metrics import REBUILT_AGGREGATES
-from esk.processing.state_rebuild import unusable_aggregates
-from esk.protocol import STATE_UNUSABLE
+from esk.processing.state_rebuild import _Fold, _fold_records, unusable_aggregates
+from esk.protocol import STATE_UNUSABLE, EventRecord, StoredAggregate
 from esk.registry import Registry
 from esk.settings import Settings
 from tests.system import api, processor, with_state_dirs
@@ -52,10 +53,10 @@ def _decide(_state: BaseModel | None, command: Command) -> Decision:
     return [Added(n=command.n)] if isinstance(command, Add) else [Started()]
 
 
-def _counters(state: type[BaseModel], evolve: Callable[[Any, Event], BaseModel]) -> Registry:
+def _counters(state: type[BaseModel], evolve: Callable[[Any, Event], BaseModel], events: list[type[Event]] | None = None) -> Registry:
     counters: AggregateType[Any] = AggregateType(
         name="counters", state=state, commands={"start": Start, "add": Add}, creates=frozenset({Start}),
-        events=[Started, Added], decide=_decide, evolve=evolve,
+        events=events or [Started, Added], decide=_decide, evolve=evolve,
     )
     return {"counters": counters}
 
@@ -123,7 +124,9 @@ async def test_an_aggregate_whose_events_do_not_fold_is_unusable_and_the_others_
         async with processor(own, broken):
             r = await client.post("/v1/counters/bad/add", json={"n": 1}, headers={"Idempotency-Key": "bad-2"})
             outcome = (await client.get("/v1/commands/bad-2")).json()
-            assert outcome["code"] == STATE_UNUSABLE and "13 is unlucky" in outcome["detail"]
+            assert outcome["code"] == STATE_UNUSABLE
+            assert outcome["detail"].startswith("counters 'bad' cannot be used: evolve failed on its Added v1 event at ")
+            assert outcome["detail"].endswith(": ValueError: 13 is unlucky"), outcome["detail"]
             assert r.status_code == 500 and r.json()["code"] == STATE_UNUSABLE
             r = await client.post("/v1/counters/good/add", json={"n": 1})
             assert r.status_code == 200 and r.json()["version"] == 3
@@ -138,3 +141,48 @@ async def test_an_aggregate_whose_events_do_not_fold_is_unusable_and_the_others_
             assert r.status_code == 200 and r.json()["version"] == 3
             assert (await client.get("/v1/counters/bad?min_version=3")).json()["state"] == {"total": 14, "adds": 2}
             assert await unusable_aggregates(settings) == {}
+
+
+# -- why an aggregate is unusable, in one line (pure: records as the topic holds them) ------
+
+
+def _added_with_unit() -> type[Event]:
+    class Added(Event):  # the next release's, changed under its schema_version: `unit` is new and required
+        n: int
+        unit: str
+
+    return Added
+
+
+def _records(*events: tuple[str, int, dict[str, Any]]) -> list[ConsumerRecord[bytes, bytes]]:
+    return [
+        ConsumerRecord(
+            topic="shop.counters.events", partition=0, offset=offset, timestamp=0, timestamp_type=0, key=b"c1",
+            value=EventRecord(f"e{offset}", "counters", "c1", offset + 1, name, schema_version, data, "c", "c", "c", 1).encode(),
+            checksum=None, serialized_key_size=0, serialized_value_size=0, headers=[],
+        )
+        for offset, (name, schema_version, data) in enumerate(events)
+    ]
+
+
+def _reason(events: list[type[Event]], *records: tuple[str, int, dict[str, Any]]) -> str | None:
+    registry = _counters(CounterV2, _v2, events)
+    fold = _Fold(StoredAggregate(version=len(records), state={}, updated_at=0))
+    _fold_records(registry, "counters", {"c1": fold}, _records(*records))
+    return fold.error
+
+
+def test_an_event_that_does_not_fit_its_model_is_told_in_one_line_with_what_to_do() -> None:
+    reason = _reason([Started, _added_with_unit()], ("Started", 1, {}), ("Added", 1, {"n": 2}))
+    assert reason == (
+        "its Added v1 event at shop.counters.events[0]@1 does not fit the event as the code has it (unit: Field required): "
+        "a changed event needs a new schema_version and an upcaster (esk schema check)"
+    )
+
+
+def test_an_event_of_a_newer_version_than_the_code_is_told_so() -> None:
+    reason = _reason([Started, Added], ("Started", 1, {}), ("Added", 2, {"n": 2, "unit": "kg"}))
+    assert reason == (
+        "its Added v2 event at shop.counters.events[0]@1: NewerSchemaVersion: counters event Added v2 is newer than this "
+        "code's v1: written by newer code (run that code, or add the version here)"
+    )

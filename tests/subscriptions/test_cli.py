@@ -87,6 +87,8 @@ def test_the_subscriptions_commands(settings: Settings, env: dict[str, str], tmp
         wait_until(lambda: _metric(port, "esk_subscription_caught_up") == 1.0, 30, "the metric to say so")
         code, out = esk("subscriptions", "parked", "customer_ledger")
         assert code == 0 and "o3" in out and "undecodable" in out and "1 parked" in out
+        code, out = esk("subscriptions", "status", "customer_ledger")  # caught up, and says what it holds back
+        assert code == 0 and "customer_ledger: caught up; 1 parked (esk subscriptions parked customer_ledger)" in out
 
         code, out = esk("subscriptions", "reset", "customer_ledger", "--to", "earliest")  # while it runs: the offsets are its database's
         assert code == 0 and "reset to earliest" in out

@@ -18,7 +18,7 @@ import pytest
 from domain.orders import LineAdded, Placed, orders
 from esk import DatabaseContext, DatabaseHandler
 from esk.settings import Settings
-from esk.subscriptions.operations import SubscriptionOperations
+from esk.subscriptions.operations import RefusedError, SubscriptionOperations
 from subscriptions import customer_ledger
 from tests.subscriptions.running import subscriber, subscriber_settings
 from tests.system import system, wait_for
@@ -69,7 +69,9 @@ async def test_reset_to_earliest_rebuilds_the_same_table_while_the_subscriber_ru
             assert sum(int(str(orders_placed)) for _, orders_placed, _ in before) == 12
 
             await ledger_operations.reset(None)
-            await watcher_operations.reset(None)
+            with pytest.raises(RefusedError, match="has no on_reset: its tables keep what they hold"):
+                await watcher_operations.reset(None)  # nothing clears its rows: not without a word
+            await watcher_operations.reset(None, keep_data=True)  # it records each delivery, replays too
             await wait_for(lambda: caught_up(ledger_operations), what="the ledger's replay")
             await wait_for(lambda: caught_up(watcher_operations), what="the watcher's replay")
             assert query(settings, "customer_ledger", LEDGER) == before
@@ -94,6 +96,6 @@ async def test_reset_to_a_time_replays_from_there(settings: Settings, tmp_path: 
         operations = SubscriptionOperations(settings, watcher, running.registry)
         async with subscriber(settings, watcher, running.registry):
             await wait_for(lambda: caught_up(operations), what="the watcher to catch up")
-            await operations.reset(middle)
+            await operations.reset(middle, keep_data=True)
             await wait_for(lambda: len(query(settings, "watcher", "SELECT * FROM seen")) == 6, what="the replay")
         assert query(settings, "watcher", "SELECT order_id, version, replaying FROM seen WHERE replaying = 1") == [("late", 1, 1), ("late", 2, 1)]

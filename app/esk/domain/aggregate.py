@@ -61,6 +61,10 @@ class UnknownEventType(LookupError):
     pass
 
 
+class NewerSchemaVersion(ValueError):
+    """A stored event of a schema version the code does not know yet: written by newer code."""
+
+
 @dataclass(frozen=True)
 class AggregateType(Generic[S]):
     """Registering an aggregate type is constructing one of these.
@@ -146,7 +150,14 @@ class AggregateType(Generic[S]):
         return data
 
     def decode_event(self, type_name: str, schema_version: int, data: dict[str, Any]) -> Event:
-        return self.event_type(type_name).model_validate(self.upcast(type_name, schema_version, data))
+        model = self.event_type(type_name)
+        if schema_version > model.schema_version:
+            # Read as the older version it is not, its data would mean something else.
+            raise NewerSchemaVersion(
+                f"{self.name} event {type_name} v{schema_version} is newer than this code's v{model.schema_version}: "
+                "written by newer code (run that code, or add the version here)"
+            )
+        return model.model_validate(self.upcast(type_name, schema_version, data))
 
     # -- state -----------------------------------------------------------------
 

@@ -45,7 +45,7 @@ def handle_command(
         # A start rebuilds every state of an older shape before handling commands; what is
         # left is an aggregate whose events do not fold into the current model.
         reason = stored.unusable or "its state is of an older model and has not been rebuilt"
-        return refuse(Status.REJECTED, STATE_UNUSABLE, f"{aggregate_type.name} cannot be used: {reason}")
+        return refuse(Status.REJECTED, STATE_UNUSABLE, f"{aggregate_type.name} {envelope.aggregate_id!r} cannot be used: {reason}")
     if envelope.expect_new and stored is not None:
         return refuse(Status.PRECONDITION_FAILED, "precondition_failed", f"exists already at version {current}")
     if envelope.expected_version is not None and envelope.expected_version != current:

@@ -27,7 +27,7 @@ from typing import Any
 
 import msgspec
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from ..kafka.reader import read_committed
 from ..kafka.topics import TopicNames
@@ -133,7 +133,7 @@ async def _rebuild(
         task.partition, report.rebuilt, progress.restored, progress.rate, len(report.unusable),
     )
     for key, reason in report.unusable.items():
-        log.error("partition %d: %s is unusable: %s", task.partition, key.decode(errors="replace"), reason)
+        log.error("partition %d: %s is unusable: %s", task.partition, key[len(AGGREGATE_PREFIX):].decode(errors="replace"), reason)
     return report
 
 
@@ -144,14 +144,40 @@ def _fold_records(registry: Registry, aggregate_type: str, folds: dict[str, _Fol
         fold = folds.get(record.key.decode()) if record.key is not None else None
         if fold is None or fold.error is not None:
             continue
+        at = f"at {record.topic}[{record.partition}]@{record.offset}"
         try:
             event = EventRecord.decode(record.value)
             if event.version != fold.version + 1:
                 raise ValueError(f"event version {event.version} follows version {fold.version}")
-            fold.state = definition.evolve(fold.state, definition.decode_event(event.type, event.schema_version, event.data))
-            fold.version, fold.recorded_at = event.version, event.recorded_at
-        except Exception as error:  # a domain bug, or a record not decodable: it must not stop the partition (G8)
-            fold.error = f"its event at {record.topic}[{record.partition}]@{record.offset}: {type(error).__name__}: {error}"
+        except Exception as error:  # a record not decodable: it must not stop the partition (G8)
+            fold.error = f"its event {at}: {one_line(error)}"
+            continue
+        what = f"its {event.type} v{event.schema_version} event {at}"
+        try:
+            data = definition.decode_event(event.type, event.schema_version, event.data)
+        except ValidationError as error:
+            fold.error = (
+                f"{what} does not fit the event as the code has it ({one_line(error)}): "
+                "a changed event needs a new schema_version and an upcaster (esk schema check)"
+            )
+            continue
+        except Exception as error:  # an upcaster's bug, a version the code does not know
+            fold.error = f"{what}: {one_line(error)}"
+            continue
+        try:
+            fold.state = definition.evolve(fold.state, data)
+        except Exception as error:  # a bug in evolve
+            fold.error = f"evolve failed on {what}: {one_line(error)}"
+            continue
+        fold.version, fold.recorded_at = event.version, event.recorded_at
+
+
+def one_line(error: Exception) -> str:
+    """`error` in one line: a ValidationError by its fields (pydantic's own text runs over
+    several lines, with a link per error)."""
+    if isinstance(error, ValidationError):
+        return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'the whole'}: {e['msg']}" for e in error.errors())
+    return f"{type(error).__name__}: {' '.join(str(error).split())}"
 
 
 def _write(task: StreamTask, aggregate_type: str, aggregate_id: str, fold: _Fold) -> str | None:

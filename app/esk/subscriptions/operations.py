@@ -59,6 +59,7 @@ class SubscriptionStatus:
     name: str
     kind: str
     partitions: list[PartitionStatus]
+    parked: int  # events parked and neither retried nor skipped yet
 
     @property
     def lag(self) -> int:
@@ -108,7 +109,7 @@ class SubscriptionOperations:
             PartitionStatus(tp.topic, tp.partition, committed.get(tp), end[tp], max(0, end[tp] - committed.get(tp, beginning[tp])))
             for tp in sorted(tps)
         ]
-        return SubscriptionStatus(self.subscription.name, self.subscription.kind.value, partitions)
+        return SubscriptionStatus(self.subscription.name, self.subscription.kind.value, partitions, len(await self.parked()))
 
     async def parked(self, include_resolved: bool = False) -> list[ParkedEvent]:
         async with self._stores() as stores:
@@ -192,9 +193,17 @@ class SubscriptionOperations:
             return f"{type(error).__name__}: {error}"
         return None
 
-    async def reset(self, to: datetime | None) -> dict[TopicPartition, int]:
+    async def reset(self, to: datetime | None, keep_data: bool = False) -> dict[TopicPartition, int]:
         """Rewind to the earliest offsets (`to` None) or to the first record at or after
-        `to`; return the new offsets."""
+        `to`; return the new offsets. A database handler without an `on_reset` hook is
+        rewound only when `keep_data` says its tables may take the events again as they are."""
+        subscription = self.subscription
+        if isinstance(subscription, DatabaseHandler) and subscription.on_reset is None and not keep_data:
+            raise RefusedError(
+                f"subscription {subscription.name!r} has no on_reset: its tables keep what they hold, and the replay "
+                "applies each event again (right for upserts, wrong for counters and sums): give it an on_reset that "
+                "clears what the replay writes again, or replay with --keep-data"
+            )
         tps = await all_partitions(self.settings, self.router.topics)
         at_ms = None if to is None else int(to.timestamp() * 1000)
         beginning, _, at = await partition_offsets(self.settings, tps, at_ms)
