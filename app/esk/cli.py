@@ -28,18 +28,24 @@ if TYPE_CHECKING:
     from .schema.check import Finding
     from .subscriptions.api import AnySubscription
 
-cli = typer.Typer(no_args_is_help=True, add_completion=False, help="esk: event sourcing and CQRS on Apache Kafka.")
-broker_cli = typer.Typer(no_args_is_help=True, help="The embedded single-node Kafka broker (KRaft).")
-topics_cli = typer.Typer(no_args_is_help=True, help="The application's topics.")
+def _commands(help: str, **options: Any) -> typer.Typer:
+    # Help as click prints it: rich's panels keep the docstrings' line breaks in a group's
+    # list of commands, and name a flag's type `<bool>`.
+    return typer.Typer(no_args_is_help=True, rich_markup_mode=None, help=help, **options)
+
+
+cli = _commands("esk: event sourcing and CQRS on Apache Kafka.", add_completion=False)
+broker_cli = _commands("The embedded single-node Kafka broker (KRaft).")
+topics_cli = _commands("The application's topics.")
 cli.add_typer(broker_cli, name="broker")
-project_cli = typer.Typer(no_args_is_help=True, help="PySpark projections: read models in Delta Lake.")
+project_cli = _commands("PySpark projections: read models in Delta Lake.")
 cli.add_typer(topics_cli, name="topics")
 cli.add_typer(project_cli, name="project")
-schema_cli = typer.Typer(no_args_is_help=True, help="The schemas of commands, events and states: the lock file CI checks.")
+schema_cli = _commands("The schemas of commands, events and states: the lock file CI checks.")
 cli.add_typer(schema_cli, name="schema")
-state_cli = typer.Typer(no_args_is_help=True, help="The processor's stored aggregate states.")
+state_cli = _commands("The processor's stored aggregate states.")
 cli.add_typer(state_cli, name="state")
-subscriptions_cli = typer.Typer(no_args_is_help=True, help="Subscriptions: their lag, parked events, retries and replays.")
+subscriptions_cli = _commands("Subscriptions: their lag, parked events, retries and replays.")
 cli.add_typer(subscriptions_cli, name="subscriptions")
 
 # soft_wrap: a line printed to a pipe or a log file stays one line (rich would otherwise wrap
