@@ -13,6 +13,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from esk.broker import BrokerError, EmbeddedBroker
 from esk.broker.ports import free_port_pair
+from esk.kafka.client_options import client_options
 from esk.kafka.topics import TopicNames, ensure_topics, topic_specs
 from esk.settings import BrokerSettings, Settings
 from tests.system import wait_for
@@ -121,6 +122,9 @@ def test_broker_restart_keeps_data_and_status_follows(tmp_path: Path, monkeypatc
         settings = Settings(app="restart", kafka={"bootstrap_servers": embedded.bootstrap}, _env_file=None)
         topic = TopicNames("restart").commands
         asyncio.run(ensure_topics(settings, topic_specs(settings, [])))
+        # and a new broker's group and transaction coordinators answer at the first request
+        # (made at the first one otherwise: each member would log errors until they are)
+        assert asyncio.run(_coordinators(settings, "restart.processor")) == [1, 1]
 
         async def produce() -> None:
             producer = AIOKafkaProducer(bootstrap_servers=embedded.bootstrap, acks="all")
@@ -150,3 +154,12 @@ def test_missing_java_is_a_clear_error(tmp_path: Path) -> None:
     )
     with pytest.raises(BrokerError, match="Java not found"):
         embedded.start()
+
+
+async def _coordinators(settings: Settings, key: str) -> list[int]:
+    admin = AIOKafkaAdminClient(**client_options(settings))
+    await admin.start()
+    try:
+        return [await admin.find_coordinator(key, coordinator_type) for coordinator_type in (0, 1)]
+    finally:
+        await admin.close()
