@@ -130,6 +130,10 @@ async def test_an_aggregate_whose_events_do_not_fold_is_unusable_and_the_others_
             assert r.status_code == 500 and r.json()["code"] == STATE_UNUSABLE
             r = await client.post("/v1/counters/good/add", json={"n": 1})
             assert r.status_code == 200 and r.json()["version"] == 3
+            # a read shows the state it had, and says why its commands are refused
+            read = (await client.get("/v1/counters/bad")).json()
+            assert read["state"] == {"count": 13} and read["unusable"].endswith("ValueError: 13 is unlucky")
+            assert (await client.get("/v1/counters/good")).json()["unusable"] is None
             listed = await unusable_aggregates(settings)
             assert list(listed) == [("counters", "bad")] and "13 is unlucky" in listed["counters", "bad"]
 

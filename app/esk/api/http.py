@@ -297,7 +297,7 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
             stored = replica.aggregate(type_name, id)
         if stored is None:
             raise Problem(404, "not_found", f"{type_name} {id!r} does not exist")
-        body = {"type": type_name, "id": id, "version": stored.version, "state": stored.state}
+        body = {"type": type_name, "id": id, "version": stored.version, "state": stored.state, "unusable": stored.unusable}
         return json_response(body, 200, etag(stored.version))
 
     # -- operations ------------------------------------------------------------------

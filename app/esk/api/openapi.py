@@ -201,7 +201,17 @@ def _components() -> Schema:
             },
             "http_status": {"type": "integer", "description": "What the command's POST answered, or would have"},
         }, "The outcome of a command"),
-        "Aggregate": _object({"type": _string(), "id": _string(), "version": _count(1), "state": {"type": "object"}}),
+        "Aggregate": _object({
+            "type": _string(),
+            "id": _string(),
+            "version": _count(1),
+            "state": {"type": "object"},
+            "unusable": {
+                "type": ["string", "null"],
+                "description": "Why its commands are refused (500 state_unusable): its events do not fold into the current "
+                "state model, and `state` is the one it had; null when it is usable",
+            },
+        }),
         "History": _object({
             "type": _string(),
             "id": _string(),
