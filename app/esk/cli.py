@@ -163,12 +163,19 @@ def init_topics(settings: Settings) -> None:
 @cli.command("processor")
 def processor() -> None:
     """Run the processor (production entry point): one task per assigned commands partition."""
+    from .processes import HeldElsewhere
     from .runtime import run_processor
 
     settings = load_settings()
     domain_registry(settings)  # fails in one line here; the runtime loads it again (cached)
     require_kafka_access(settings)
-    run_processor(settings)
+    try:
+        run_processor(settings)
+    except HeldElsewhere as error:
+        who = f" (pid {error.pid})" if error.pid is not None else ""
+        raise fail(
+            f"another processor{who} runs over {settings.processor.state_dir}: give each its own ESK_PROCESSOR__STATE_DIR"
+        ) from None
 
 
 @cli.command("api")
@@ -206,7 +213,7 @@ def dev(
     driver), started again when the project's code changes. Ctrl-C (or SIGTERM) stops all of it."""
     from .code_watch import CodeWatch, imported_files, project_sources
     from .processes import HeldElsewhere
-    from .runtime import dev_lock, run_dev, run_dev_reloading
+    from .runtime import hold_dev_lock, run_dev, run_dev_reloading
 
     # SIGTERM (docker stop, systemd, a supervisor) stops everything as Ctrl-C does; by
     # default it would end this process alone and leave the processor and API running.
@@ -216,13 +223,15 @@ def dev(
         signal.signal(stop_signal, signal.default_int_handler)
     settings = load_settings()
     try:
-        lock = dev_lock(settings)  # noqa: F841  # held until this process ends
+        hold_dev_lock(settings)
     except HeldElsewhere as error:
         who = f" (pid {error.pid})" if error.pid is not None else ""
         raise fail(
             f"esk dev runs here already{who}, over {settings.processor.state_dir}: stop it first, "
             "or give this one a state directory and ports of its own (ESK_PROCESSOR__STATE_DIR, ESK_API__PORT, …)"
         ) from None
+    except OSError as error:
+        raise fail(f"cannot use {settings.processor.state_dir}: {error.strerror}") from None
     registry = domain_registry(settings)  # before the broker starts: a wrong ESK_DOMAIN costs no broker start
     subscriptions = list(configured_subscriptions(settings))
     projections = dev_read_models(settings)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
+import logging
 import os
 import subprocess
 import threading
@@ -11,6 +13,8 @@ from pathlib import Path
 from typing import IO
 
 import psutil
+
+log = logging.getLogger(__name__)
 
 
 def alive(pid: int) -> bool:
@@ -59,10 +63,15 @@ class HeldElsewhere(Exception):
         self.pid = pid
 
 
-def hold_lock(path: Path) -> IO[str]:
+# What a filesystem without flock answers (NFS without lockd, some FUSE mounts).
+_NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS)
+
+
+def hold_lock(path: Path) -> IO[str] | None:
     """An exclusive lock on `path` (made if missing) that holds while the file returned is
-    open, so at most as long as this process lives (the kernel drops it then, however the
-    process ends); the file tells this process's pid. Raises HeldElsewhere."""
+    open, or a copy of it in a child process (`pass_fds`), so at most as long as they live
+    (the kernel drops it then, however they end); the file tells this process's pid.
+    Raises HeldElsewhere; None, with a warning, on a filesystem that has no locks."""
     path.parent.mkdir(parents=True, exist_ok=True)
     file = path.open("a+")
     try:
@@ -72,6 +81,12 @@ def hold_lock(path: Path) -> IO[str]:
         pid = file.read().strip()
         file.close()
         raise HeldElsewhere(int(pid) if pid.isdigit() else None) from None
+    except OSError as error:
+        file.close()
+        if error.errno not in _NO_LOCKS:
+            raise
+        log.warning("no lock on %s (%s): nothing keeps a second process from using it too", path, error.strerror)
+        return None
     file.truncate(0)
     file.write(f"{os.getpid()}\n")
     file.flush()

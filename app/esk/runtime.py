@@ -136,7 +136,7 @@ class RestartedChild:
         now = time.monotonic()
         if self.process is None:
             if now >= self.due:
-                self.process = subprocess.Popen(self.command, env=self.env)
+                self.process = _spawn(self.command, self.env)
                 self.started = now
             return
         code = self.process.poll()
@@ -188,24 +188,39 @@ def stop_all(children: list[subprocess.Popen[bytes]], timeout_s: float = DEV_STO
 ESK = [sys.executable, "-m", "esk"]
 
 
-# In the environment of the `esk dev --no-reload` that an esk dev watching the code runs its
-# processes under: that one holds esk dev's lock already.
-DEV_CHILD_VARIABLE = "_ESK_DEV_CHILD"
+# In the environment of the `esk dev --no-reload` below an esk dev that watches the code:
+# the file descriptor of the lock that esk dev holds, which it hands down to it.
+DEV_LOCK_FD_VARIABLE = "_ESK_DEV_LOCK_FD"
 DEV_LOCK = "esk-dev.lock"
+# The lock's descriptor, which every process esk dev starts gets a copy of: the lock
+# holds while any of them lives (a parent killed alone leaves its processes running).
+_lock_fds: tuple[int, ...] = ()
 
 
-def dev_lock(settings: Settings) -> IO[str] | None:
+def hold_dev_lock(settings: Settings) -> None:
     """One esk dev over one processor state directory (and so one project's data and
-    ports), held for as long as this process lives; None below an esk dev that holds it.
-    Raises HeldElsewhere."""
-    if os.environ.get(DEV_CHILD_VARIABLE):
-        return None
-    return hold_lock(Path(settings.processor.state_dir) / DEV_LOCK)
+    ports); below an esk dev, the one it holds. Raises HeldElsewhere."""
+    global _lock_fds
+    inherited = os.environ.get(DEV_LOCK_FD_VARIABLE)
+    if inherited is not None:
+        _lock_fds = (int(inherited),)
+    elif (held := hold_lock(Path(settings.processor.state_dir) / DEV_LOCK)) is not None:
+        _HELD.append(held)
+        _lock_fds = (held.fileno(),)
+
+
+_HELD: list[IO[str]] = []  # open for this process's life
+
+
+def _spawn(command: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """One of esk dev's processes, with its copy of the lock."""
+    return subprocess.Popen(command, env=env, pass_fds=_lock_fds)
 
 
 def _children_env(settings: Settings) -> dict[str, str]:
     """esk dev's processes use its broker, the embedded one included."""
-    return {**os.environ, "ESK_KAFKA__BOOTSTRAP_SERVERS": settings.bootstrap_servers}
+    env = {k: v for k, v in os.environ.items() if k != DEV_LOCK_FD_VARIABLE}
+    return {**env, "ESK_KAFKA__BOOTSTRAP_SERVERS": settings.bootstrap_servers}
 
 
 def run_dev(settings: Settings, subscriptions: list[str], read_models: bool = False) -> int:
@@ -217,14 +232,14 @@ def run_dev(settings: Settings, subscriptions: list[str], read_models: bool = Fa
     env = _children_env(settings)
     with StopSignals() as stop:
         named = {
-            "the processor": subprocess.Popen([*ESK, "processor"], env=env),
-            "the API": subprocess.Popen([*ESK, "api"], env=env),
+            "the processor": _spawn([*ESK, "processor"], env),
+            "the API": _spawn([*ESK, "api"], env),
         }
         first_port = settings.subscriber.metrics_port
         for n, name in enumerate(subscriptions):
             # each on a metrics port of its own, the next one up
             port = {"ESK_SUBSCRIBER__METRICS_PORT": str(first_port + n)} if first_port is not None else {}
-            named[f"the subscriber of {name}"] = subprocess.Popen([*ESK, "subscriber", name], env={**env, **port})
+            named[f"the subscriber of {name}"] = _spawn([*ESK, "subscriber", name], {**env, **port})
         children = list(named.values())
         driver = RestartedChild([*ESK, "project", "run", "--all", "--continuous"], env, "the read models' driver") if read_models else None
         code = 0
@@ -257,12 +272,14 @@ def run_dev_reloading(settings: Settings, watch: CodeWatch) -> int:
     They exiting on their own ends this too, with their exit code, unless the code changed
     since esk dev started: then it is likely the change's fault, and they are started again
     at the next change (as `uvicorn --reload` waits for one)."""
-    processes, env = [*ESK, "dev", "--no-reload"], {**_children_env(settings), DEV_CHILD_VARIABLE: "1"}
+    processes, env = [*ESK, "dev", "--no-reload"], _children_env(settings)
+    if _lock_fds:
+        env[DEV_LOCK_FD_VARIABLE] = str(_lock_fds[0])
     # above the processes' own stop, which ends by killing those still stopping
     stop_timeout_s = DEV_STOP_TIMEOUT_S + 10
     reloaded = False
     with StopSignals() as stop:
-        running: subprocess.Popen[bytes] | None = subprocess.Popen(processes, env=env)
+        running: subprocess.Popen[bytes] | None = _spawn(processes, env)
         try:
             while not stop.asked.wait(0.5):
                 if changed := watch.changed():
@@ -273,7 +290,7 @@ def run_dev_reloading(settings: Settings, watch: CodeWatch) -> int:
                     watch.changed()  # saved while they stopped: the processes about to start have those too
                     if stop.asked.is_set():  # Ctrl-C while they stopped: nothing to start
                         break
-                    running, reloaded = subprocess.Popen(processes, env=env), True
+                    running, reloaded = _spawn(processes, env), True
                 elif running is not None and (code := running.poll()) is not None:
                     if not reloaded:
                         return code

@@ -11,6 +11,8 @@ from pathlib import Path
 from rocksdict import Rdict
 
 from esk.state.directory import StateDirectory
+from esk.state.resources import StoreResources
+from esk.state.store import RocksDBStore
 
 
 def _directory(root: Path, partitions: range) -> StateDirectory:
@@ -50,3 +52,19 @@ def test_a_store_another_process_holds_open_stays(tmp_path: Path) -> None:
         holder.kill()
         holder.wait()
     assert directory.set_aside_unused(set(), delay_s=0, now=time.monotonic()).keys() == {1}
+
+
+def test_a_store_this_process_has_open_never_goes_and_a_use_starts_the_wait_over(tmp_path: Path) -> None:
+    """RocksDB's lock does not tell a store of this process's own: it is never set aside,
+    whatever the caller says is in use (a lock test on it would drop RocksDB's lock)."""
+    directory = _directory(tmp_path, range(3))
+    store = RocksDBStore(directory.store_path(0), StoreResources(16))
+    try:
+        assert directory.set_aside_unused(set(), delay_s=10, now=0) == {}
+        directory.mark_used({1})  # given to this process between two looks
+        assert directory.set_aside_unused(set(), delay_s=10, now=10).keys() == {2}
+        assert directory.partitions_on_disk() == {0, 1}
+        store.write({b"k": b"v"}, {})  # still its own
+    finally:
+        store.close()
+    assert directory.set_aside_unused(set(), delay_s=10, now=20).keys() == {0, 1}

@@ -21,6 +21,7 @@ from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssigno
 from ..kafka.reader import group_member
 from ..kafka.topics import TopicNames
 from ..metrics import COMMANDS_LAG, REVOKE_SECONDS, STORE_MEMORY, forget_partitions
+from ..processes import hold_lock
 from ..registry import Registry
 from ..settings import Settings
 from ..state.directory import StateDirectory
@@ -35,6 +36,7 @@ log = logging.getLogger(__name__)
 
 # How often, at most, the state directory is looked over for stores no longer kept here.
 STATE_CLEANUP_CHECK_S = 30.0
+PROCESSOR_LOCK = "processor.lock"
 
 
 class Processor:
@@ -84,6 +86,16 @@ class Processor:
         )
 
     async def run(self, stop: asyncio.Event) -> None:
+        # One processor over a state directory: another would open its stores as they close
+        # in a rebalance, and the cleanup below could take the other's stores.
+        lock = hold_lock(self.directory.root / PROCESSOR_LOCK)
+        try:
+            await self._run(stop)
+        finally:
+            if lock is not None:
+                lock.close()
+
+    async def _run(self, stop: asyncio.Event) -> None:
         consumer = self.consumer()
         consumer.subscribe([self.topics.commands], listener=_RebalanceListener(self))
         # set before start(): the rebalance listener may run inside it
@@ -160,6 +172,7 @@ class Processor:
         # Standby copies that turned active are closed first: the active task opens the same store.
         await self.standbys.assign(self.assignor.standby - numbers)
         self.task_manager.assign(numbers)
+        self.directory.mark_used(numbers | self.assignor.standby)
         self._rebalancing = False
 
     async def _on_revoked(self, revoked: set[TopicPartition]) -> None:

@@ -314,16 +314,23 @@ class TaskManager:
                 attempt += 1
                 log.exception("partition %d: could not start its task (attempt %d)", number, attempt)
                 await asyncio.sleep(min(0.5 * attempt, 5.0))
-        async with self.lock:
-            self._starting.pop(number, None)
-            if self.partitions.get(number) is None or self.consumer is None:
-                await built.close()  # revoked meanwhile
-                return
-            self.partitions[number] = built
-            tp = TopicPartition(self.topics.commands, number)
-            self.consumer.seek(tp, built.running.next_offset)
-            self.consumer.resume(tp)
-            ACTIVE_TASKS.set(len(self.tasks))
+        registered = False
+        try:
+            async with self.lock:
+                self._starting.pop(number, None)
+                if self.partitions.get(number) is None or self.consumer is None:
+                    return  # revoked meanwhile
+                self.partitions[number] = built
+                registered = True
+                tp = TopicPartition(self.topics.commands, number)
+                self.consumer.seek(tp, built.running.next_offset)
+                self.consumer.resume(tp)
+                ACTIVE_TASKS.set(len(self.tasks))
+        finally:
+            # Revoked meanwhile, or cancelled while it waited for the lock (a revoke holds
+            # it): its producer and store are closed, not left to the collector.
+            if not registered:
+                await built.close()
         log.info("partition %d: ready at offset %d", number, built.running.next_offset)
 
     async def build(self, number: int) -> Partition:

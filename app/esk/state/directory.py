@@ -10,6 +10,8 @@ import uuid
 from collections.abc import Collection, Iterable
 from pathlib import Path
 
+from .store import open_here
+
 # What a store is renamed to on its way out: no longer a partition's store from then on.
 SET_ASIDE = ".removing-"
 
@@ -54,12 +56,20 @@ class StateDirectory:
         for path in paths:
             shutil.rmtree(path, ignore_errors=True)
 
+    def mark_used(self, partitions: Collection[int]) -> None:
+        """Partitions in use since the last look (given to this process, even briefly): their
+        wait starts over."""
+        for partition in partitions:
+            self._unused_since.pop(partition, None)
+
     def _set_aside(self, partition: int) -> Path | None:
         path = self.store_path(partition)
+        if open_here(path):
+            return None  # whatever the caller thought: a lock test on it would drop RocksDB's
         try:
             # RocksDB's own lock on its LOCK file (a POSIX record lock): held by whoever has
-            # the store open. Only ever taken here on a store this process does not keep:
-            # closing the file would drop a lock of this process's own on it.
+            # the store open. Only ever taken here on a store this process does not have
+            # open (above): closing the file would drop a lock of this process's own on it.
             fd = os.open(path / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
         except OSError:
             fd = None  # not a RocksDB store (yet): nothing has it open

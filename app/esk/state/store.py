@@ -25,6 +25,16 @@ log = logging.getLogger(__name__)
 _OFFSET_PREFIX = b"changelog-offset/"
 _META_CF = "meta"
 
+# The stores this process has open, by resolved path: RocksDB's own lock does not tell
+# them (a POSIX lock never conflicts with its own process), and the state directory's
+# cleanup must never take one.
+_OPEN: set[Path] = set()
+
+
+def open_here(path: Path) -> bool:
+    """Whether this process has the store at `path` open."""
+    return path.resolve() in _OPEN
+
 
 class StateStore(ABC):
     """Bytes keys to bytes values, and the changelog offsets that they reflect. After
@@ -73,6 +83,7 @@ class RocksDBStore(StateStore):
             self._db = Rdict(str(path), options, column_families={_META_CF: options})
         self._meta: Rdict | None = self._db.get_column_family(_META_CF)
         self._meta_handle: ColumnFamily | None = self._db.get_column_family_handle(_META_CF)
+        _OPEN.add(path.resolve())
 
     # rocksdict's stubs type keys and values as any of the types it can store; in raw mode
     # (Options(raw_mode=True)) they are bytes, hence the casts.
@@ -122,6 +133,7 @@ class RocksDBStore(StateStore):
             self._meta.close()
         if self._db is not None:
             self._db.close()
+            _OPEN.discard(self.path.resolve())
         self._meta = self._db = None
         self._meta_handle = None
 
