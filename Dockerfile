@@ -61,8 +61,12 @@ ENV PYTHONUNBUFFERED=1 \
 # The local Spark driver's class archive (esk/projections/class_archive.py) for this image's
 # Java and jars, made once here (a Spark session, about a minute; ~190 MB): a one-shot `esk
 # project run` or `esk sql` then starts seconds sooner. Read-only at run time; nothing else
-# is written to ESK_CACHE_DIR when the jars' folders are set, as they are above.
-RUN esk jars spark >/dev/null
+# is written to ESK_CACHE_DIR when the jars' folders are set, as they are above. Its session
+# gets a warehouse of its own (the image's belongs to the user it runs as), and a build
+# without the archive fails rather than ship without it.
+RUN ESK_PROJECTIONS__WAREHOUSE_DIR=/tmp/esk-archive-warehouse esk jars spark >/dev/null \
+ && ls /opt/esk/cache/class-archives/*.jsa >/dev/null \
+ && rm -rf /tmp/esk-archive-warehouse
 RUN mkdir -p /var/lib/esk && chown 10001:10001 /var/lib/esk
 # Numeric, so that Kubernetes' runAsNonRoot can tell it is not root.
 USER 10001:10001

@@ -15,7 +15,7 @@ from rich.markup import escape
 
 from .broker import BrokerError, EmbeddedBroker
 from .kafka.client_options import KafkaAccessError, check_access
-from .kafka.topics import ensure_topics, topic_specs
+from .kafka.topics import coordinators_ready, ensure_topics, topic_specs
 from .logs import configure_logging
 from .registry import ImportFailed, Registry, SettingMistake, load_registry
 from .schema.lock import LOCK_FILE, Lock, LockError, build_lock, read_lock, write_lock
@@ -150,6 +150,8 @@ def init_topics(settings: Settings) -> None:
     registry = domain_registry(settings)
     require_kafka_access(settings, "making or checking the topics")
     report = asyncio.run(ensure_topics(settings, topic_specs(settings, registry)))
+    if (unanswered := asyncio.run(coordinators_ready(settings))) is not None:
+        err.print(f"[yellow]warning:[/yellow] the group and transaction coordinators did not answer: {escape(unanswered)}", highlight=False)
     for name in report.created:
         console.print(f"created  {name}")
     for name in report.ok:
@@ -467,8 +469,8 @@ def _warn_of_stored_events_broken(registry: Registry) -> None:
     old version."""
     try:
         broken = stored_events_broken(registry, read_lock()) if LOCK_FILE.exists() else []
-    except LockError as error:
-        err.print(f"[yellow]warning:[/yellow] {escape(str(error))}", highlight=False)
+    except Exception as error:  # a lock it cannot read, a model with no JSON Schema: a word, not a stop
+        err.print(f"[yellow]warning:[/yellow] {LOCK_FILE} not checked: {escape(str(error))}", highlight=False)
         return
     for finding in broken:
         err.print(f"[yellow]warning:[/yellow] {escape(str(finding))}", highlight=False)
@@ -641,12 +643,14 @@ def subscriptions_status(
     names = [name] if name is not None else list(configured_subscriptions(settings))
     behind = []
     for each in names:
-        status = asyncio.run(subscription_operations(settings, each).status())
+        operations = subscription_operations(settings, each)
+        status = asyncio.run(operations.status())
+        parked_count = len(asyncio.run(operations.parked()))
         table = Table("topic", "partition", "next offset", "end", "lag", title=f"{status.name} ({status.kind})")
         for p in status.partitions:
             table.add_row(p.topic, str(p.partition), "-" if p.next_offset is None else str(p.next_offset), str(p.end), str(p.lag))
         print_table(table)
-        parked = f"; {status.parked:,} parked (esk subscriptions parked {status.name})" if status.parked else ""
+        parked = f"; {parked_count:,} parked (esk subscriptions parked {status.name})" if parked_count else ""
         console.print(f"{status.name}: {'caught up' if status.caught_up else f'{status.lag:,} behind'}{parked}", highlight=False)
         if not status.caught_up:
             behind.append(status.name)

@@ -7,6 +7,7 @@ import hashlib
 import logging
 import queue
 import sys
+import sysconfig
 import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -32,7 +33,7 @@ def project_sources(settings: Settings, root: Path, imported: Iterable[Path] = (
     `root`, which may hold a virtual environment and esk's data."""
     tops = [spec.partition(":")[0].split(".")[0] for spec in (settings.domain, settings.read_models, settings.subscriptions)]
     for path in imported:
-        if path.is_relative_to(root) and not _installed(path.relative_to(root)):
+        if path.is_relative_to(root) and not _installed(path.relative_to(root)) and not _interpreters(path):
             inside = path.relative_to(root).parts
             tops.append(inside[0] if len(inside) > 1 else path.stem)
     found: list[Path] = []
@@ -46,6 +47,13 @@ def project_sources(settings: Settings, root: Path, imported: Iterable[Path] = (
 def imported_files() -> list[Path]:
     """The files of the modules this process has imported."""
     return [Path(file) for module in list(sys.modules.values()) if isinstance(file := getattr(module, "__file__", None), str)]
+
+
+def _interpreters(path: Path) -> bool:
+    """A file of Python's own library, or of an environment's (the folder esk runs in may
+    hold a Python, or be `/`)."""
+    roots = {sys.prefix, sys.base_prefix, sys.exec_prefix, *sysconfig.get_paths().values()}
+    return any(path.is_relative_to(root) for root in roots)
 
 
 def _installed(relative: Path) -> bool:

@@ -14,7 +14,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from esk.broker import BrokerError, EmbeddedBroker
 from esk.broker.ports import free_port_pair
 from esk.kafka.client_options import client_options
-from esk.kafka.topics import TopicNames, ensure_topics, topic_specs
+from esk.kafka.topics import TopicNames, coordinators_ready, ensure_topics, topic_specs
 from esk.settings import BrokerSettings, Settings
 from tests.system import wait_for
 
@@ -122,8 +122,9 @@ def test_broker_restart_keeps_data_and_status_follows(tmp_path: Path, monkeypatc
         settings = Settings(app="restart", kafka={"bootstrap_servers": embedded.bootstrap}, _env_file=None)
         topic = TopicNames("restart").commands
         asyncio.run(ensure_topics(settings, topic_specs(settings, [])))
-        # and a new broker's group and transaction coordinators answer at the first request
-        # (made at the first one otherwise: each member would log errors until they are)
+        # a new broker's group and transaction coordinators waited for (as `topics init`
+        # does), then answering at the first request: no member logs errors until they are
+        assert asyncio.run(coordinators_ready(settings)) is None
         assert asyncio.run(_coordinators(settings, "restart.processor")) == [1, 1]
 
         async def produce() -> None:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
+
+import pytest
 
 from esk.code_watch import CodeWatch, project_sources
 from esk.settings import Settings
@@ -41,6 +44,8 @@ def test_the_project_modules_they_import_are_watched_too_not_installed_ones(tmp_
         Path("/usr/lib/python3.11/json/__init__.py"),
     ]
     assert project_sources(settings, tmp_path, imported) == [tmp_path / "shop", tmp_path / "helpers.py", tmp_path / "common"]
+    # run from `/` (or a folder that holds a Python): Python's own library is not the project's
+    assert project_sources(settings, Path("/"), [Path(json.__file__), Path(pytest.__file__)]) == []
 
 
 def _changes(watch: CodeWatch) -> set[Path]:

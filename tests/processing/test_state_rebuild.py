@@ -169,8 +169,12 @@ def _records(*events: tuple[str, int, dict[str, Any]]) -> list[ConsumerRecord[by
     ]
 
 
-def _reason(events: list[type[Event]], *records: tuple[str, int, dict[str, Any]]) -> str | None:
+def _reason(
+    events: list[type[Event]], *records: tuple[str, int, dict[str, Any]], upcasters: dict[tuple[str, int], Any] | None = None
+) -> str | None:
     registry = _counters(CounterV2, _v2, events)
+    if upcasters:
+        registry["counters"].upcasters.update(upcasters)
     fold = _Fold(StoredAggregate(version=len(records), state={}, updated_at=0))
     _fold_records(registry, "counters", {"c1": fold}, _records(*records))
     return fold.error
@@ -190,3 +194,17 @@ def test_an_event_of_a_newer_version_than_the_code_is_told_so() -> None:
         "its Added v2 event at shop.counters.events[0]@1: NewerSchemaVersion: counters event Added v2 is newer than this "
         "code's v1: written by newer code (run that code, or add the version here)"
     )
+
+
+def test_an_upcaster_that_fails_is_told_as_its_own_failure() -> None:
+    class Added(Event):  # v2: `n` became `amount`
+        schema_version = 2
+        amount: int
+
+    def upcast(data: dict[str, Any]) -> dict[str, Any]:
+        return Added.model_validate({"amount": f"{data['n']} kg"}).model_dump()  # a bug that pydantic reports
+
+    reason = _reason([Started, Added], ("Started", 1, {}), ("Added", 1, {"n": 2}), upcasters={("Added", 1): upcast})
+    # the upcaster's own failure, not the advice for an event changed under its version
+    assert reason is not None and reason.startswith("its Added v1 event at shop.counters.events[0]@1: amount: Input should be"), reason
+    assert "needs a new schema_version" not in reason

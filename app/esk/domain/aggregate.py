@@ -149,15 +149,20 @@ class AggregateType(Generic[S]):
             schema_version += 1
         return data
 
-    def decode_event(self, type_name: str, schema_version: int, data: dict[str, Any]) -> Event:
+    def known_event_type(self, type_name: str, schema_version: int) -> type[Event]:
+        """The event class a stored event of `schema_version` is read as. Raises
+        UnknownEventType, and NewerSchemaVersion for a version the code does not know yet:
+        read as the older version it is not, its data would mean something else."""
         model = self.event_type(type_name)
         if schema_version > model.schema_version:
-            # Read as the older version it is not, its data would mean something else.
             raise NewerSchemaVersion(
                 f"{self.name} event {type_name} v{schema_version} is newer than this code's v{model.schema_version}: "
                 "written by newer code (run that code, or add the version here)"
             )
-        return model.model_validate(self.upcast(type_name, schema_version, data))
+        return model
+
+    def decode_event(self, type_name: str, schema_version: int, data: dict[str, Any]) -> Event:
+        return self.known_event_type(type_name, schema_version).model_validate(self.upcast(type_name, schema_version, data))
 
     # -- state -----------------------------------------------------------------
 

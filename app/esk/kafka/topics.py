@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.errors import TopicAlreadyExistsError
+from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
 from ..settings import Settings
 from .admin import retry_while_brokers_fail
@@ -104,18 +104,27 @@ async def ensure_topics(settings: Settings, specs: list[TopicSpec]) -> TopicRepo
                     report.problems.append(f"{s.name} could not be created: error {code} {message}")
         await _wait_until_visible(admin, [s.name for s in specs])
         await _check(admin, [s for s in specs if s.name in existing], report)
-        await _coordinators_ready(admin, settings.processor.group_id or f"{settings.app}.processor")
     finally:
         await admin.close()
     return report
 
 
-async def _coordinators_ready(admin: AIOKafkaAdminClient, key: str) -> None:
+async def coordinators_ready(settings: Settings, timeout_s: float = 30.0) -> str | None:
     """A new cluster makes the topics of its group and transaction coordinators on the first
-    request for one, and answers "not available" until they are led: waited out here, once,
-    rather than by each processor and subscriber, which log every such answer as an error."""
-    for coordinator_type in (0, 1):  # a consumer group's, a transactional id's
-        await retry_while_brokers_fail(functools.partial(admin.find_coordinator, key, coordinator_type))
+    request for one, and answers "not available" until they are led: waited out once, as
+    the topics are made, rather than by each processor and subscriber, which log every such
+    answer. Returns why they did not answer (a principal not allowed to ask, say), if not."""
+    key = settings.processor.group_id or f"{settings.app}.processor"
+    admin = AIOKafkaAdminClient(**client_options(settings))
+    await admin.start()
+    try:
+        for coordinator_type in (0, 1):  # a consumer group's, a transactional id's
+            await retry_while_brokers_fail(functools.partial(admin.find_coordinator, key, coordinator_type), timeout_s)
+    except (KafkaError, TimeoutError) as error:
+        return repr(error)
+    finally:
+        await admin.close()
+    return None
 
 
 async def _wait_until_visible(admin: AIOKafkaAdminClient, names: list[str], timeout_s: float = 30.0) -> None:

@@ -154,15 +154,18 @@ def _fold_records(registry: Registry, aggregate_type: str, folds: dict[str, _Fol
             continue
         what = f"its {event.type} v{event.schema_version} event {at}"
         try:
-            data = definition.decode_event(event.type, event.schema_version, event.data)
+            model = definition.known_event_type(event.type, event.schema_version)
+            payload = definition.upcast(event.type, event.schema_version, event.data)
+        except Exception as error:  # an unknown type, a version the code does not know, an upcaster's bug
+            fold.error = f"{what}: {one_line(error)}"
+            continue
+        try:
+            data = model.model_validate(payload)
         except ValidationError as error:
             fold.error = (
                 f"{what} does not fit the event as the code has it ({one_line(error)}): "
                 "a changed event needs a new schema_version and an upcaster (esk schema check)"
             )
-            continue
-        except Exception as error:  # an upcaster's bug, a version the code does not know
-            fold.error = f"{what}: {one_line(error)}"
             continue
         try:
             fold.state = definition.evolve(fold.state, data)

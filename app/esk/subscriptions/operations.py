@@ -59,7 +59,6 @@ class SubscriptionStatus:
     name: str
     kind: str
     partitions: list[PartitionStatus]
-    parked: int  # events parked and neither retried nor skipped yet
 
     @property
     def lag(self) -> int:
@@ -109,7 +108,7 @@ class SubscriptionOperations:
             PartitionStatus(tp.topic, tp.partition, committed.get(tp), end[tp], max(0, end[tp] - committed.get(tp, beginning[tp])))
             for tp in sorted(tps)
         ]
-        return SubscriptionStatus(self.subscription.name, self.subscription.kind.value, partitions, len(await self.parked()))
+        return SubscriptionStatus(self.subscription.name, self.subscription.kind.value, partitions)
 
     async def parked(self, include_resolved: bool = False) -> list[ParkedEvent]:
         async with self._stores() as stores:
