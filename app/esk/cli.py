@@ -174,10 +174,7 @@ def processor() -> None:
     try:
         run_processor(settings)
     except HeldElsewhere as error:
-        who = f" (pid {error.pid})" if error.pid is not None else ""
-        raise fail(
-            f"another processor{who} runs over {settings.processor.state_dir}: give each its own ESK_PROCESSOR__STATE_DIR"
-        ) from None
+        raise fail(f"another processor{error.holder} runs over {settings.processor.state_dir}: give each its own ESK_PROCESSOR__STATE_DIR") from None
 
 
 @cli.command("api")
@@ -227,9 +224,8 @@ def dev(
     try:
         hold_dev_lock(settings)
     except HeldElsewhere as error:
-        who = f" (pid {error.pid})" if error.pid is not None else ""
         raise fail(
-            f"esk dev runs here already{who}, over {settings.processor.state_dir}: stop it first, "
+            f"esk dev runs here already{error.holder}, over {settings.processor.state_dir}: stop it first, "
             "or give this one a state directory and ports of its own (ESK_PROCESSOR__STATE_DIR, ESK_API__PORT, …)"
         ) from None
     except OSError as error:

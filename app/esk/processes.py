@@ -62,6 +62,11 @@ class HeldElsewhere(Exception):
         super().__init__(f"held by process {pid}")
         self.pid = pid
 
+    @property
+    def holder(self) -> str:
+        """ " (pid N)" when the holder is known, for a sentence about it."""
+        return f" (pid {self.pid})" if self.pid is not None else ""
+
 
 # What a filesystem without flock answers (NFS without lockd, some FUSE mounts).
 _NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS)
