@@ -6,6 +6,7 @@ import asyncio
 import importlib.util
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -89,19 +90,35 @@ def domain_registry(settings: Settings) -> Registry:
         raise fail(f"ESK_DOMAIN={settings.domain}: {error}") from None
 
 
-def require_kafka_access(settings: Settings, needed_by: str | None = None) -> None:
+# How often a long-running process asks again for a broker that is down as it starts.
+KAFKA_WAIT_S = 2.0
+
+
+def require_kafka_access(settings: Settings, needed_by: str | None = None, wait: bool = False) -> None:
     """A broker that refuses esk's clients (TLS, SASL) is a one-line error before any of
     them starts: theirs would be "Unable to bootstrap", with the reason only in a log line.
-    Given `needed_by` (what cannot wait for one), so is a broker that does not answer."""
-    try:
-        answered = asyncio.run(check_access(settings))
-    except KafkaAccessError as error:
-        raise fail(str(error)) from None
-    if needed_by and not answered:
-        raise fail(
-            f"no Kafka broker answered at {settings.bootstrap_servers}, which {needed_by} needs: start one "
-            "(`esk broker start`; `esk dev` starts its own), or set ESK_KAFKA__BOOTSTRAP_SERVERS to yours"
-        )
+    Given `needed_by` (what cannot wait for one), so is a broker that does not answer; with
+    `wait` (a long-running process, whose clients fail at once at their start), it is
+    waited for."""
+    told = False
+    while True:
+        try:
+            answered = asyncio.run(check_access(settings))
+        except KafkaAccessError as error:
+            raise fail(str(error)) from None
+        if answered or not (needed_by or wait):
+            break
+        if needed_by:
+            raise fail(
+                f"no Kafka broker answered at {settings.bootstrap_servers}, which {needed_by} needs: start one "
+                "(`esk broker start`; `esk dev` starts its own), or set ESK_KAFKA__BOOTSTRAP_SERVERS to yours"
+            )
+        if not told:
+            err.print(f"no Kafka broker answers at {settings.bootstrap_servers} yet: waiting for one (Ctrl-C stops)", highlight=False)
+            told = True
+        time.sleep(KAFKA_WAIT_S)
+    if told:
+        err.print(f"Kafka at {settings.bootstrap_servers} answers: starting", highlight=False)
 
 
 PortOption = Annotated[int | None, typer.Option("--port", help="Broker port (ESK_BROKER__PORT).")]
@@ -170,7 +187,7 @@ def processor() -> None:
 
     settings = load_settings()
     domain_registry(settings)  # fails in one line here; the runtime loads it again (cached)
-    require_kafka_access(settings)
+    require_kafka_access(settings, wait=True)
     try:
         run_processor(settings)
     except HeldElsewhere as error:
@@ -187,7 +204,7 @@ def api(
 
     settings = load_settings(api__host=host, api__port=port)
     domain_registry(settings)  # fails in one line here; the runtime loads it again (cached)
-    require_kafka_access(settings)
+    require_kafka_access(settings, wait=True)
     run_api(settings)
 
 
@@ -199,7 +216,7 @@ def subscriber(name: Annotated[str, typer.Argument(help="A subscription (see `es
     settings = load_settings()
     domain_registry(settings)  # fails in one line here; the runtime loads it again (cached)
     subscription_named(settings, name)
-    require_kafka_access(settings)
+    require_kafka_access(settings, wait=True)
     run_subscriber(settings, name)
 
 

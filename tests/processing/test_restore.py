@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import pytest
+from prometheus_client import REGISTRY
 
 from esk.settings import Settings
 from esk.state.store import RocksDBStore
@@ -49,6 +50,12 @@ async def test_clean_restart_replays_nothing_and_a_lost_store_is_rebuilt(setting
             restored = sum(p.restored for p in rebuilt.processor.restores.values())
             # every account's state and every command's outcome came back from the changelog
             assert restored >= 2 * len(accounts) + 4 * len(accounts)
+            # and nothing is left to restore, the transaction markers between the records too
+            # (an alert fires on a restore that does not get to 0)
+            assert {
+                p: REGISTRY.get_sample_value("esk_restore_remaining_records", {"role": "processor", "partition": str(p)})
+                for p in rebuilt.processor.restores
+            } == dict.fromkeys(rebuilt.processor.restores, 0.0)
         for account in accounts:
             r = await s.client.get(f"/v1/accounts/{account}")
             assert r.json()["state"]["balance"] == (4 if account in accounts[:2] else 3)

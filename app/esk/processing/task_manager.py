@@ -397,7 +397,7 @@ class TaskManager:
         if progress.what == "restoring":
             self.restores[progress.partition] = progress
         labels = ("processor" if progress.what == "restoring" else progress.what, str(progress.partition))
-        RESTORE_REMAINING.labels(*labels).set(max(progress.total - progress.restored, 0))
+        RESTORE_REMAINING.labels(*labels).set(progress.remaining)
         RESTORE_RATE.labels(*labels).set(progress.rate)
         if self.on_restore_progress is not None:
             self.on_restore_progress(progress)

@@ -41,6 +41,12 @@ class RestoreProgress:
         return max(self.end_offset - self.start_offset, 0)
 
     @property
+    def remaining(self) -> int:
+        """What is left to read: none once finished (the offsets between start and end count
+        transaction markers too, which no record stands for)."""
+        return 0 if self.finished is not None else max(self.total - self.restored, 0)
+
+    @property
     def rate(self) -> float:
         elapsed = (self.finished or time.monotonic()) - self.started
         return self.restored / elapsed if elapsed > 0 else 0.0
@@ -92,6 +98,8 @@ async def restore(
             on_progress(progress[tp.partition])
     for p in progress.values():
         p.finished = time.monotonic()
+        if p.total:
+            on_progress(p)  # none left: the markers past its last record are read too
         if p.restored:
             log.info("restored %d records of %s[%d] at %.0f records/s", p.restored, topic, p.partition, p.rate)
     return progress
