@@ -3,18 +3,25 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
 import uuid
 from pathlib import Path
 
+import httpx
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from esk.broker import BrokerError, EmbeddedBroker
-from esk.broker.ports import free_port_pair
+from esk.broker.ports import free_port, free_port_pair
 from esk.kafka.client_options import client_options
 from esk.kafka.topics import TopicNames, coordinators_ready, ensure_topics, topic_specs
+from esk.registry import load_registry
 from esk.settings import BrokerSettings, Settings
 from tests.system import wait_for
 
@@ -164,3 +171,48 @@ async def _coordinators(settings: Settings, key: str) -> list[int]:
         return [await admin.find_coordinator(key, coordinator_type) for coordinator_type in (0, 1)]
     finally:
         await admin.close()
+
+
+def test_a_processor_started_before_its_broker_waits_for_it(tmp_path: Path) -> None:
+    """A long-running process waits for a broker that is down at its start (its client would
+    end it with "Unable to bootstrap"), and goes on once one answers."""
+    embedded = EmbeddedBroker(BrokerSettings(port=free_port_pair(), data_dir=tmp_path / "b"))
+    metrics_port = free_port()
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("ESK_")},
+        "ESK_APP": "waits", "ESK_KAFKA__BOOTSTRAP_SERVERS": embedded.bootstrap,
+        "ESK_PROCESSOR__STATE_DIR": str(tmp_path / "state"), "ESK_PROCESSOR__METRICS_PORT": str(metrics_port),
+    }
+    log = tmp_path / "processor.log"
+    with log.open("wb") as out:
+        started = subprocess.Popen([sys.executable, "-m", "esk", "processor"], env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_until_text(log, f"no Kafka broker answers at {embedded.bootstrap} yet: waiting for one", started)
+        assert started.poll() is None
+        embedded.start()
+        settings = Settings(app="waits", kafka={"bootstrap_servers": embedded.bootstrap}, _env_file=None)
+        asyncio.run(ensure_topics(settings, topic_specs(settings, load_registry(settings.domain))))
+        wait_until_text(log, f"Kafka at {embedded.bootstrap} answers: starting", started)
+        deadline = time.monotonic() + 60
+        while not _ready(metrics_port):  # and handles its partitions
+            assert started.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.5)
+    finally:
+        started.send_signal(signal.SIGTERM)
+        started.wait(30)
+        embedded.stop()
+
+
+def wait_until_text(log: Path, text: str, process: subprocess.Popen[bytes], timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while text not in log.read_text():
+        assert process.poll() is None, f"it ended:\n{log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"no {text!r} in:\n{log.read_text()[-3000:]}"
+        time.sleep(0.2)
+
+
+def _ready(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False
