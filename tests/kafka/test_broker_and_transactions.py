@@ -216,3 +216,24 @@ def _ready(port: int) -> bool:
         return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200
     except httpx.TransportError:
         return False
+
+
+def test_a_processor_stops_on_sigterm_while_its_start_waits(settings: Settings, tmp_path: Path) -> None:
+    """Its consumer's start waits for topics that are not there yet (up to its request
+    timeout, 40 s): a SIGTERM meanwhile stops it at once."""
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("ESK_")},
+        "ESK_APP": f"no-topics-{uuid.uuid4().hex[:6]}", "ESK_KAFKA__BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+        "ESK_PROCESSOR__STATE_DIR": str(tmp_path / "state"), "ESK_PROCESSOR__METRICS_PORT": str(free_port()),
+    }
+    started = subprocess.Popen([sys.executable, "-m", "esk", "processor"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(4)  # well into the consumer's start
+        assert started.poll() is None
+        sent = time.monotonic()
+        started.send_signal(signal.SIGTERM)
+        assert started.wait(15) == 0
+        assert time.monotonic() - sent < 10
+    finally:
+        started.kill()
+        started.wait()

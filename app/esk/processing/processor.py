@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
@@ -105,13 +105,13 @@ class Processor:
         if self.settings.processor.standby_replicas > 0:
             standbys = asyncio.create_task(self.standbys.run(standbys_stop), name="standbys")
         self._delete(self.directory.set_aside_earlier())
-        await consumer.start()
         try:
-            while not stop.is_set():
-                await self._poll_once(consumer)
-                self._clean_state_directory(consumer)
-            async with self.task_manager.lock:
-                await self.task_manager.commit_all()
+            if await _unless_stopped(consumer.start(), stop):
+                while not stop.is_set():
+                    await self._poll_once(consumer)
+                    self._clean_state_directory(consumer)
+                async with self.task_manager.lock:
+                    await self.task_manager.commit_all()
         finally:
             standbys_stop.set()
             await self.task_manager.stop_starting()
@@ -185,6 +185,24 @@ class Processor:
         forget_partitions(tp.partition for tp in revoked)
         if revoked:
             log.info("gave up partitions %s in %.3fs", sorted(tp.partition for tp in revoked), elapsed)
+
+
+async def _unless_stopped(starting: Awaitable[None], stop: asyncio.Event) -> bool:
+    """`starting` awaited, unless `stop` is set first (a SIGTERM while a consumer's start
+    waits for a broker or for its topics, for as long as its request timeout): then it is
+    cancelled. Whether it finished."""
+    started = asyncio.ensure_future(starting)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({started, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+    if not started.done():
+        started.cancel()
+        await asyncio.gather(started, return_exceptions=True)
+        return False
+    started.result()
+    return True
 
 
 class _RebalanceListener(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka ships no type hints
