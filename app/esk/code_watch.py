@@ -32,8 +32,9 @@ def project_sources(settings: Settings, root: Path, imported: Iterable[Path] = (
     so that a module they import from their own package counts too. Not the whole of
     `root`, which may hold a virtual environment and esk's data."""
     tops = [spec.partition(":")[0].split(".")[0] for spec in (settings.domain, settings.read_models, settings.subscriptions)]
+    interpreter = {sys.prefix, sys.base_prefix, sys.exec_prefix, *sysconfig.get_paths().values()}
     for path in imported:
-        if path.is_relative_to(root) and not _installed(path.relative_to(root)) and not _interpreters(path):
+        if _projects_own(path, root, interpreter):
             inside = path.relative_to(root).parts
             tops.append(inside[0] if len(inside) > 1 else path.stem)
     found: list[Path] = []
@@ -49,17 +50,14 @@ def imported_files() -> list[Path]:
     return [Path(file) for module in list(sys.modules.values()) if isinstance(file := getattr(module, "__file__", None), str)]
 
 
-def _interpreters(path: Path) -> bool:
-    """A file of Python's own library, or of an environment's (the folder esk runs in may
-    hold a Python, or be `/`)."""
-    roots = {sys.prefix, sys.base_prefix, sys.exec_prefix, *sysconfig.get_paths().values()}
-    return any(path.is_relative_to(root) for root in roots)
-
-
-def _installed(relative: Path) -> bool:
-    """A file of a virtual environment or of esk's data (a hidden folder), or of an
-    installed package: not the project's own code."""
-    return relative.parts[0].startswith(".") or "site-packages" in relative.parts or "dist-packages" in relative.parts
+def _projects_own(path: Path, root: Path, interpreter: set[str]) -> bool:
+    """A file of the project's own code under `root`: not of a virtual environment or esk's
+    data (a hidden folder), of an installed package, or of Python's own library (under one
+    of the `interpreter`'s folders: the folder esk runs in may hold a Python, or be `/`)."""
+    if not path.is_relative_to(root) or any(path.is_relative_to(folder) for folder in interpreter):
+        return False
+    parts = path.relative_to(root).parts
+    return not (parts[0].startswith(".") or "site-packages" in parts or "dist-packages" in parts)
 
 
 class CodeWatch:

@@ -36,8 +36,8 @@ class StateDirectory:
         """Renames out of the way the stores of the partitions that were not `in_use` at
         any call during the last `delay_s` (each call's `now`, in seconds), and returns
         where each went, to be deleted (`delete`). Until then a store given up stays, for
-        a takeover to find it warm; after that it only takes disk. A store that another
-        process holds open (a processor sharing this directory) stays."""
+        a takeover to find it warm; after that it only takes disk. A store that this process
+        or another has open stays."""
         unused = self.partitions_on_disk() - set(in_use)
         self._unused_since = {partition: self._unused_since.get(partition, now) for partition in unused}
         aside: dict[int, Path] = {}
