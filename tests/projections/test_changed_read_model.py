@@ -131,6 +131,8 @@ async def test_a_run_of_older_code_that_follows_a_rebuild_is_refused_not_built_b
         f"{NAME}: readers were moved to generation 2, built by other code than this run's (version 2, now 1): this run ends, "
         "and started again (as esk dev starts its driver) runs the code as it is then"
     )
+    assert RunFailed(NAME, failed[0]).told_in_a_line  # the spark-submit job prints it, no traceback
+    assert not RunFailed(NAME, RuntimeError("a bug")).told_in_a_line
     assert tables.current_generation(NAME) == 2 and 3 not in tables.generations(NAME)
 
 

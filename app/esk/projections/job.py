@@ -11,15 +11,7 @@ import os
 from rich.console import Console
 
 from esk.projections.catalog import configured_read_models, select_read_models
-from esk.projections.run_lock import GenerationBusy
-from esk.projections.runner import (
-    BuiltByOtherCode,
-    ReadModelChanged,
-    ReadModelInvalid,
-    RunFailed,
-    run_and_report,
-    stop_on_signals,
-)
+from esk.projections.runner import RunFailed, run_and_report, stop_on_signals
 from esk.settings import Settings
 
 
@@ -41,7 +33,7 @@ def main() -> None:
     try:
         code = run_and_report(settings, chosen, args.continuous, args.rebuild, console, stop_on_signals(console))
     except RunFailed as failed:
-        if isinstance(failed.error, (ReadModelChanged, GenerationBusy, ReadModelInvalid, BuiltByOtherCode)):  # told in a line, no traceback
+        if failed.told_in_a_line:
             raise SystemExit(str(failed)) from None
         raise failed.error from None  # its traceback, for the driver's log
     raise SystemExit(code)

@@ -498,6 +498,12 @@ class RunFailed(Exception):
         self.error = error
         self.others = list(others)
 
+    @property
+    def told_in_a_line(self) -> bool:
+        """Whether its message says all there is: a mistake of the user's or a run's
+        situation, not a failure whose traceback the driver's log wants."""
+        return isinstance(self.error, (GenerationBusy, ReadModelInvalid, BuiltByOtherCode, ReadModelChanged))
+
 
 def _in_a_line(error: BaseException) -> str:
     """What failed, in a line. A batch's failure comes wrapped in Spark's (the query's, then
