@@ -22,6 +22,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import ConsumerRecord
 
 from ..kafka.reader import committed_reader
+from ..kafka.stopping import stop_consumer
 from ..metrics import STORE_MEMORY
 from ..settings import Settings
 from ..state.resources import StoreResources
@@ -99,7 +100,7 @@ class TopicFollower(ABC):
             self._follow.cancel()
             await asyncio.gather(self._follow, return_exceptions=True)
         if self._consumer is not None:
-            await self._consumer.stop()
+            await stop_consumer(self._consumer)
         if self.store is not None:
             self.store.close()
             self.store = None

@@ -21,6 +21,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from ..kafka.metadata import topic_partitions
 from ..kafka.partitioner import partition_for
 from ..kafka.reader import lone_reader
+from ..kafka.stopping import stop_consumer
 from ..kafka.topics import TopicNames
 from ..projections.positions import Position
 from ..protocol import Outcome
@@ -48,7 +49,7 @@ class EventPositions:
         if self._lookup is not None:
             self._lookup.cancel()
         if self._consumer is not None:
-            await self._consumer.stop()
+            await stop_consumer(self._consumer)
 
     async def of(self, outcome: Outcome) -> Position | None:
         """The position below which `outcome`'s events lie; None when it cannot be told in

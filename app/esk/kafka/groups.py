@@ -14,6 +14,7 @@ from .admin import retry_while_brokers_fail
 from .client_options import client_options
 from .metadata import topic_partitions
 from .reader import committed_reader
+from .stopping import stop_consumer
 
 
 async def group_members(settings: Settings, group_id: str) -> list[str]:
@@ -49,7 +50,7 @@ async def commit_offsets_of_empty_group(settings: Settings, group_id: str, offse
         consumer.assign(list(offsets))
         await consumer.commit(dict(offsets))
     finally:
-        await consumer.stop()
+        await stop_consumer(consumer)
 
 
 async def all_partitions(settings: Settings, topics: Iterable[str]) -> list[TopicPartition]:
@@ -73,4 +74,4 @@ async def partition_offsets(
             at = {tp: found[tp].offset if found.get(tp) is not None else end[tp] for tp in tps}
         return beginning, end, at
     finally:
-        await consumer.stop()
+        await stop_consumer(consumer)

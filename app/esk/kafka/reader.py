@@ -10,6 +10,7 @@ from aiokafka.structs import ConsumerRecord
 from ..settings import Settings
 from .client_options import client_options
 from .metadata import topic_partitions
+from .stopping import stop_consumer
 
 
 def committed_reader(settings: Settings, client_id: str | None = None) -> AIOKafkaConsumer:
@@ -67,4 +68,4 @@ async def read_committed(settings: Settings, topic: str) -> list[ConsumerRecord[
                     pending.discard(tp)
         return records
     finally:
-        await consumer.stop()
+        await stop_consumer(consumer)

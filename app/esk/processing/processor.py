@@ -19,6 +19,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 
 from ..kafka.reader import group_member
+from ..kafka.stopping import stop_consumer
 from ..kafka.topics import TopicNames
 from ..metrics import COMMANDS_LAG, REVOKE_SECONDS, STORE_MEMORY, forget_partitions
 from ..processes import hold_lock
@@ -115,7 +116,7 @@ class Processor:
         finally:
             standbys_stop.set()
             await self.task_manager.stop_starting()
-            await consumer.stop()
+            await stop_consumer(consumer)
             await self.task_manager.close_all()
             if standbys is not None:
                 await standbys

@@ -18,6 +18,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import ConsumerRecord
 
 from ..kafka.reader import committed_reader
+from ..kafka.stopping import stop_consumer
 from ..metrics import RESTORE_RECORDS, STANDBY_TASKS
 from ..settings import Settings
 from ..state.resources import StoreResources
@@ -109,4 +110,4 @@ class StandbyTasks:
                 self._stores.clear()
                 self._positions.clear()
                 STANDBY_TASKS.set(0)
-            await reader.stop()
+            await stop_consumer(reader)

@@ -30,6 +30,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from pydantic import BaseModel, ValidationError
 
 from ..kafka.reader import read_committed
+from ..kafka.stopping import stop_consumer
 from ..kafka.topics import TopicNames
 from ..metrics import REBUILD_EVENTS, REBUILT_AGGREGATES, UNUSABLE_AGGREGATES
 from ..protocol import AGGREGATE_PREFIX, EventRecord, StoredAggregate, aggregate_key
@@ -78,7 +79,7 @@ async def rebuild_stale_states(
     try:
         return await _rebuild(task, stale, consumer, commit, on_progress)
     finally:
-        await consumer.stop()
+        await stop_consumer(consumer)
 
 
 async def _rebuild(

@@ -31,6 +31,7 @@ from aiokafka.errors import ProducerFenced
 from aiokafka.structs import ConsumerRecord
 
 from ..kafka.reader import committed_reader
+from ..kafka.stopping import stop_consumer
 from ..kafka.topics import TopicNames
 from ..metrics import ACTIVE_TASKS, COMMIT_SECONDS, EXPIRED, RESTORE_RATE, RESTORE_RECORDS, RESTORE_REMAINING, TRANSACTION_RECORDS
 from ..protocol import now_ms, position_key
@@ -391,7 +392,7 @@ class TaskManager:
             store.close()
             raise
         finally:
-            await reader.stop()
+            await stop_consumer(reader)
 
     def _progress(self, progress: RestoreProgress) -> None:
         if progress.what == "restoring":

@@ -27,6 +27,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from ..domain.aggregate import AggregateType
 from ..kafka.client_options import client_options
 from ..kafka.groups import all_partitions, commit_offsets_of_empty_group, committed_offsets, group_members, partition_offsets
+from ..kafka.stopping import stop_consumer
 from ..settings import Settings
 from .api import AnySubscription, DatabaseHandler
 from .database import Transaction
@@ -92,7 +93,7 @@ class SubscriptionOperations:
             yield stores
         finally:
             await stores.close()
-            await consumer.stop()
+            await stop_consumer(consumer)
 
     async def committed(self) -> dict[TopicPartition, int]:
         if isinstance(self.subscription, DatabaseHandler):

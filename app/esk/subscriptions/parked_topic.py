@@ -15,6 +15,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import ConsumerRecord
 
 from ..kafka.client_options import client_options
+from ..kafka.stopping import stop_consumer
 from ..kafka.topics import TopicSpec
 from ..settings import Settings
 from .parking import ParkedEvent
@@ -100,7 +101,7 @@ class ParkedTopic:
 
     async def close(self) -> None:
         if self._consumer is not None:
-            await self._consumer.stop()
+            await stop_consumer(self._consumer)
             self._consumer = None
 
 

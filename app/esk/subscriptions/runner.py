@@ -27,6 +27,7 @@ from aiokafka.structs import ConsumerRecord
 
 from ..domain.aggregate import AggregateType
 from ..kafka.reader import group_member
+from ..kafka.stopping import stop_consumer
 from ..metrics import SUBSCRIPTION_CAUGHT_UP, SUBSCRIPTION_LAG, SUBSCRIPTION_PARTITIONS
 from ..settings import Settings
 from .api import AnySubscription
@@ -176,7 +177,7 @@ class SubscriptionRunner:
                     self._report()
         finally:
             await self._revoke(set(self.partitions))
-            await consumer.stop()
+            await stop_consumer(consumer)
             self._consumer = None
             await self.stores.close()
 

@@ -1,0 +1,32 @@
+"""Stopping an aiokafka consumer without its own cancellations escaping into the caller.
+
+aiokafka's `AIOKafkaConsumer.stop` cancels the fetch requests in flight and awaits them;
+one that was waiting out its retry backoff (a broker away) ends cancelled, and that
+CancelledError comes out of `stop` (aio-libs/aiokafka#647): a SIGTERM during a broker
+outage ended processes with a traceback and skipped what their shutdown does after the
+consumer (closing the stores, the producers). Here it is told apart from a cancellation
+of the caller itself, which still propagates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from aiokafka import AIOKafkaConsumer
+
+log = logging.getLogger(__name__)
+
+
+async def stop_consumer(consumer: AIOKafkaConsumer) -> None:
+    try:
+        await consumer.stop()
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise  # the caller is being cancelled: not aiokafka's own
+        log.debug("a fetch request cancelled by the consumer's stop ended it early; closing its connections")
+        # `stop` ended before its last step, which closes the client's connections.
+        with contextlib.suppress(Exception):
+            await consumer._client.close()
