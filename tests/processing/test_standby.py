@@ -50,6 +50,17 @@ async def test_failover_replays_only_what_no_standby_kept(settings: Settings, st
                 what="the survivor owns every partition",
             )
             replayed = sum(second.processor.restores[p].restored for p in moved)
+            # What the first would tell the group's leader of the copies it gave up, should it
+            # join again: each as far along as the changelog (closed at its clean stop).
+            reader = committed_reader(settings)
+            await reader.start()
+            try:
+                ends = await reader.end_offsets([TopicPartition(first.processor.topics.changelog, p) for p in moved])
+            finally:
+                await reader.stop()
+            copies = first.processor.directory.copies_on_disk()
+            for tp, end in ends.items():  # past its last record, or past the commit marker after it too
+                assert end - 1 <= copies[tp.partition] <= end, (tp, copies, ends)
             if standby_replicas:
                 assert replayed == 0
             else:

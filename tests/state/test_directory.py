@@ -12,7 +12,7 @@ from rocksdict import Rdict
 
 from esk.state.directory import StateDirectory
 from esk.state.resources import StoreResources
-from esk.state.store import RocksDBStore
+from esk.state.store import CHECKPOINT, RocksDBStore
 
 
 def _directory(root: Path, partitions: range) -> StateDirectory:
@@ -68,3 +68,25 @@ def test_a_store_this_process_has_open_never_goes_and_a_use_starts_the_wait_over
     finally:
         store.close()
     assert directory.set_aside_unused(set(), delay_s=10, now=20).keys() == {0, 1}
+
+
+def test_how_warm_a_copy_on_disk_is_is_read_without_opening_it(tmp_path: Path) -> None:
+    """What a processor tells the group's leader as it joins: the offsets each store held at
+    its last clean close. A store that never closed cleanly (killed while open, say) reads
+    as cold; one that did reads as it was, whatever happened to it after."""
+    directory = _directory(tmp_path, range(1))  # made by RocksDB alone: never closed by esk
+    for partition, offset in ((1, 40), (2, 7)):
+        store = RocksDBStore(directory.store_path(partition), StoreResources(16))
+        store.write({b"k": b"v"}, {partition: offset})
+        store.close()
+    assert directory.copies_on_disk() == {0: 0, 1: 40, 2: 7}
+
+    store = RocksDBStore(directory.store_path(2), StoreResources(16))  # reopened: its data and offsets as they were
+    assert store.get(b"k") == b"v" and store.changelog_offsets() == {2: 7}
+    store.write({}, {2: 90})
+    assert directory.copies_on_disk()[2] == 7  # while open: its last close's
+    store.close()
+    assert directory.copies_on_disk()[2] == 90
+
+    (directory.store_path(1) / CHECKPOINT).write_text("{not json")
+    assert directory.copies_on_disk()[1] == 0

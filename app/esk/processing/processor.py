@@ -165,8 +165,9 @@ class Processor:
 
     def _warm_copies(self) -> dict[int, int]:
         """What this member tells the group leader it has: its standby copies with their
-        changelog offsets, and any other store left on disk (offset unknown: 0)."""
-        return dict.fromkeys(self.directory.partitions_on_disk(), 0) | self.standbys.offsets()
+        changelog offsets as they are, and any other store on disk with those of its last
+        clean close (the eager protocol has closed the active ones before it joins)."""
+        return self.directory.copies_on_disk() | self.standbys.offsets()
 
     async def _on_assigned(self, assigned: set[TopicPartition]) -> None:
         numbers = {tp.partition for tp in assigned}

@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Collection, Iterable
 from pathlib import Path
 
-from .store import open_here
+from .store import checkpointed_offsets, open_here
 
 # What a store is renamed to on its way out: no longer a partition's store from then on.
 SET_ASIDE = ".removing-"
@@ -31,6 +31,11 @@ class StateDirectory:
             return set()
         names = (path.name[len(self._prefix):] for path in self.root.iterdir() if path.name.startswith(self._prefix))
         return {int(name) for name in names if name.isdigit()}
+
+    def copies_on_disk(self) -> dict[int, int]:
+        """partition -> the changelog offset its store on disk held at its last clean close
+        (0 when that is not known: one never closed cleanly, or of an older esk)."""
+        return {p: checkpointed_offsets(self.store_path(p)).get(p, 0) for p in self.partitions_on_disk()}
 
     def set_aside_unused(self, in_use: Collection[int], delay_s: float, now: float) -> dict[int, Path]:
         """Renames out of the way the stores of the partitions that were not `in_use` at

@@ -3,12 +3,20 @@
 Data and the changelog offsets are written in ONE atomic batch, so after any crash the
 store is a consistent snapshot of the changelog up to the offsets it records; restoring
 resumes exactly there.
+
+A store closed cleanly also leaves those offsets in a small file beside its data (its
+checkpoint, as Kafka Streams keeps one per task): how warm a copy on disk is can then be
+told without opening it, as a processor tells the group's leader when it joins. A store
+that crashed keeps the checkpoint of its last clean close, which says no more than it
+holds (its offsets only grow; a store wiped goes with its checkpoint).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
 import shutil
 import struct
 from abc import ABC, abstractmethod
@@ -16,6 +24,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import cast
 
+import orjson
 from rocksdict import ColumnFamily, Rdict, WriteBatch
 
 from .resources import StoreResources
@@ -24,6 +33,7 @@ log = logging.getLogger(__name__)
 
 _OFFSET_PREFIX = b"changelog-offset/"
 _META_CF = "meta"
+CHECKPOINT = "esk.checkpoint"  # in the store's directory; RocksDB leaves files it does not know alone
 
 # The stores this process has open, by resolved path: RocksDB's own lock does not tell
 # them (a POSIX lock never conflicts with its own process), and the state directory's
@@ -128,6 +138,7 @@ class RocksDBStore(StateStore):
             yield key, value
 
     def close(self) -> None:
+        offsets = self.changelog_offsets() if self._db is not None and self._meta is not None else None
         # Every handle holds the DB open; drop them all so the directory lock is released.
         if self._meta is not None:
             self._meta.close()
@@ -136,10 +147,35 @@ class RocksDBStore(StateStore):
             _OPEN.discard(self.path.resolve())
         self._meta = self._db = None
         self._meta_handle = None
+        if offsets is not None:
+            _write_checkpoint(self.path, offsets)
 
     @staticmethod
     def destroy(path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
+
+
+def _write_checkpoint(path: Path, offsets: Mapping[int, int]) -> None:
+    """Written whole or not at all (a rename): a reader never sees half of one."""
+    partial = path / f"{CHECKPOINT}.{os.getpid()}.partial"
+    try:
+        partial.write_bytes(orjson.dumps({"changelog_offsets": {str(p): o for p, o in offsets.items()}}))
+        os.replace(partial, path / CHECKPOINT)
+    except OSError as error:  # a hint only: without it the copy reads as cold
+        log.warning("could not write the checkpoint of state store %s: %s", path, error)
+        with contextlib.suppress(OSError):
+            partial.unlink()
+
+
+def checkpointed_offsets(path: Path) -> dict[int, int]:
+    """The changelog offsets the store at `path` held when it was last closed cleanly
+    (changelog partition -> next offset to apply); empty when it never was, or the file
+    cannot be read."""
+    try:
+        raw = orjson.loads((path / CHECKPOINT).read_bytes())
+        return {int(p): int(o) for p, o in raw["changelog_offsets"].items()}
+    except (OSError, orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
+        return {}
 
 
 async def open_store(path: Path, resources: StoreResources) -> RocksDBStore:
