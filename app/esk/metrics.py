@@ -36,6 +36,9 @@ REVOKE_SECONDS = Histogram(
 )
 STORE_MEMORY = Gauge("esk_rocksdb_cache_bytes", "RocksDB shared cache usage (blocks + memtables)", ["role"])
 HTTP_OUTCOME_TIMEOUTS = Counter("esk_http_outcome_timeouts_total", "Commands answered 503: no outcome in time")
+API_KAFKA_AWAY = Gauge(
+    "esk_api_kafka_away", "1 while the API's last command found no broker to store it: others are answered 503 at once"
+)
 EXPIRED = Counter("esk_expired_entries_total", "Store entries deleted by TTL (aggregates and de-duplication entries)")
 SUBSCRIPTION_EVENTS = Counter(
     "esk_subscription_events_total",

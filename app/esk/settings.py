@@ -112,6 +112,10 @@ class ApiSettings(BaseModel):
     host: str = "127.0.0.1"
     port: int = 8000
     state_dir: Path = DATA_ROOT / "state" / "api"
+    # How long a command waits for the broker to acknowledge it before its 503: aiokafka's
+    # idempotent producer retries a send for as long as its broker is away, which would
+    # hold the request for the whole outage.
+    submit_timeout_s: float = Field(default=10.0, gt=0.0)
     outcome_timeout_s: float = 10.0
     min_version_timeout_s: float = 5.0
     # An accepted command's answer carries its events' position (read-your-writes); given up

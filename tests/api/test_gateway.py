@@ -1,16 +1,25 @@
 """The API's way onto the commands topic, against the real broker: a producer that an
-error it cannot retry has stopped is replaced, so the API takes commands again."""
+error it cannot retry has stopped is replaced, so the API takes commands again; while no
+broker answers, one command at a time waits to find out, the others are refused at once."""
 
 from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
 
 import pytest
 from aiokafka.errors import KafkaError
 
-from esk.api.gateway import CommandGateway
+from esk.api.gateway import CommandGateway, KafkaAway
+from esk.broker import EmbeddedBroker
+from esk.broker.ports import free_port_pair
 from esk.kafka.topics import TopicNames, ensure_topics, topic_specs
+from esk.metrics import API_KAFKA_AWAY
 from esk.protocol import CommandEnvelope
 from esk.registry import load_registry
-from esk.settings import Settings
+from esk.settings import BrokerSettings, Settings
+from tests.conftest import own_settings
 from tests.system import read_topic
 
 pytestmark = pytest.mark.kafka
@@ -38,3 +47,46 @@ async def test_a_producer_stopped_by_an_error_it_cannot_retry_is_replaced(settin
         await gateway.stop()
     stored = [value["command_id"] for _, value, _ in await read_topic(settings, TopicNames(settings.app).commands)]
     assert stored == ["before", "after"]
+
+
+async def test_while_no_broker_answers_one_command_tries_and_the_others_are_refused_at_once(tmp_path: Path) -> None:
+    broker = EmbeddedBroker(BrokerSettings(port=free_port_pair(), data_dir=tmp_path / "broker"))
+    await asyncio.to_thread(broker.start)
+    settings = own_settings(broker, tmp_path)
+    settings = settings.model_copy(update={"api": settings.api.model_copy(update={"submit_timeout_s": 2.0})})
+    await ensure_topics(settings, topic_specs(settings, load_registry(settings.domain)))
+    gateway = CommandGateway(settings)
+    await gateway.start()
+    try:
+        await gateway.submit(_deposit("before"))
+        await asyncio.to_thread(broker.stop)
+        started = time.monotonic()
+        with pytest.raises(TimeoutError):  # found out the slow way, bounded (aiokafka would retry for ever)
+            await gateway.submit(_deposit("timed-out-1"))
+        assert 2.0 <= time.monotonic() - started < 5
+        assert gateway.away_since is not None and API_KAFKA_AWAY._value.get() == 1
+
+        trying = asyncio.create_task(gateway.submit(_deposit("timed-out-2")))  # finds out again
+        await asyncio.sleep(0.5)
+        assert not trying.done()
+        started = time.monotonic()
+        with pytest.raises(KafkaAway):
+            await gateway.submit(_deposit("refused"))
+        assert time.monotonic() - started < 0.1
+        with pytest.raises(TimeoutError):
+            await trying
+
+        await asyncio.to_thread(broker.start)
+        await gateway.submit(_deposit("after"))  # the next one tries, and goes through
+        assert gateway.away_since is None and API_KAFKA_AWAY._value.get() == 0
+        await gateway.submit(_deposit("after-2"))
+    finally:
+        await gateway.stop()
+    try:
+        stored = [value["command_id"] for _, value, _ in await read_topic(settings, TopicNames(settings.app).commands)]
+    finally:
+        await asyncio.to_thread(broker.stop)
+    # Those that timed out may be stored after all (the producer retried them): their
+    # clients retry under their keys. The one refused at once was never sent.
+    assert [c for c in stored if not c.startswith("timed-out")] == ["before", "after", "after-2"]
+    assert len(stored) == len(set(stored))

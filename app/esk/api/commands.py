@@ -32,7 +32,7 @@ from ..metrics import HTTP_OUTCOME_TIMEOUTS
 from ..projections.positions import Position
 from ..protocol import STATE_UNUSABLE, CommandEnvelope, Outcome, Status, payload_digest
 from ..settings import Settings
-from .gateway import CommandGateway
+from .gateway import CommandGateway, KafkaAway
 from .positions import EventPositions
 from .problems import Problem
 from .replica import StateReplica
@@ -218,10 +218,16 @@ class CommandIntake:
         try:
             await self.gateway.submit(envelope)
         except Exception as error:  # not acknowledged: the client must retry (same Idempotency-Key)
-            log.warning("could not submit command %s: %r", command_id, error)
+            if isinstance(error, KafkaAway):  # the gateway said so once, not for each command
+                log.debug("command %s not tried: %s", command_id, error)
+            else:
+                log.warning("could not submit command %s: %r", command_id, error)
+            # `Location` names the command's id, its key: a client that sent none retries
+            # under it, as the record may be stored after all (a send that timed out).
             raise Problem(
-                503, "kafka_unavailable", "the command could not be stored; retry with the same Idempotency-Key",
-                {"Retry-After": str(api.retry_after_s)},
+                503, "kafka_unavailable",
+                "the command was not acknowledged (it may or may not be stored); retry with the same Idempotency-Key",
+                {"Retry-After": str(api.retry_after_s), "Location": location},
             ) from None
         if "respond-async" in headers.get("prefer", ""):
             return json_response(

@@ -2,6 +2,14 @@
 
 The producer is idempotent with acks=all: once `submit` returns, the command is durably
 in the log and its outcome will be produced whatever crashes next (G4).
+
+A command not acknowledged within `ESK_API__SUBMIT_TIMEOUT_S` fails (its record may still
+be stored later, as the producer goes on retrying it: the client retries under its key,
+which never applies a command twice). From such a failure for want of a broker until a
+command is stored again, one command at a time tries (it finds out whether a broker is
+back, and waits as long again if none is) and every other one fails at once (`KafkaAway`):
+a client told 503 in milliseconds retries under its key, rather than holding a connection
+for the timeout and then retrying all the same.
 """
 
 from __future__ import annotations
@@ -9,18 +17,35 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaError
+from aiokafka.errors import KafkaError, KafkaTimeoutError
 from opentelemetry.trace import SpanKind
 
 from .. import tracing
 from ..kafka.client_options import client_options
 from ..kafka.topics import TopicNames
+from ..metrics import API_KAFKA_AWAY
 from ..protocol import CommandEnvelope
 from ..settings import Settings
 
 log = logging.getLogger(__name__)
+
+
+class KafkaAway(Exception):
+    """Not tried: the last command found no broker, and another one is finding out whether
+    one is back."""
+
+    def __init__(self, since: float) -> None:
+        self.since = since  # time.time() of the failure that found none
+        super().__init__(f"no Kafka broker has stored a command since {time.strftime('%H:%M:%S', time.localtime(since))}")
+
+
+def _broker_away(error: KafkaError | TimeoutError) -> bool:
+    """A send failed for want of a broker (none answered in time, no leader, no metadata),
+    not for what it sent."""
+    return isinstance(error, TimeoutError | KafkaTimeoutError) or bool(error.retriable)
 
 
 class CommandGateway:
@@ -30,6 +55,8 @@ class CommandGateway:
         self._producer: AIOKafkaProducer | None = None
         self._traced = settings.tracing.enabled
         self._starting = asyncio.Lock()
+        self._away_since: float | None = None
+        self._trying = False  # a command is finding out whether a broker is back
 
     async def start(self) -> None:
         await self._current()
@@ -57,20 +84,51 @@ class CommandGateway:
             self._producer = producer
             return producer
 
+    @property
+    def away_since(self) -> float | None:
+        """time.time() of the failure that found no broker, while no command was stored since."""
+        return self._away_since
+
     async def submit(self, envelope: CommandEnvelope) -> None:
-        producer = await self._current()
+        """Raises KafkaAway, untried, while another command finds out whether a broker is back."""
+        since = self._away_since
+        if since is not None:
+            if self._trying:
+                raise KafkaAway(since)
+            self._trying = True
+        producer = None
         try:
-            await self._send(producer, envelope)
-        except KafkaError as error:
-            # An idempotent producer's sender ends on an error it cannot retry (a sequence
-            # number out of order after a broker came back, say) and fails every send after
-            # it: a new one takes over. Nothing it was sending was acknowledged, so nothing
-            # is lost: those requests are answered 503 and retried under their keys.
-            if not error.retriable:
+            producer = await self._current()
+            await asyncio.wait_for(self._send(producer, envelope), self.settings.api.submit_timeout_s)
+        except (KafkaError, TimeoutError) as error:
+            if _broker_away(error):
+                self._note_away(error)
+            elif producer is not None:
+                # An idempotent producer's sender ends on an error it cannot retry (a sequence
+                # number out of order after a broker came back, say) and fails every send
+                # after it: a new one takes over. Nothing it was sending was acknowledged, so
+                # nothing is lost: those requests are answered 503 and retried under their keys.
                 await self._retire(producer, error)
             raise
+        else:
+            self._note_back()
+        finally:
+            if since is not None:
+                self._trying = False
 
-    async def _retire(self, failed: AIOKafkaProducer, error: KafkaError) -> None:
+    def _note_away(self, error: KafkaError | TimeoutError) -> None:
+        if self._away_since is None:
+            self._away_since = time.time()
+            API_KAFKA_AWAY.set(1)
+            log.warning("no Kafka broker stored a command (%r): other commands are refused at once, one at a time tries", error)
+
+    def _note_back(self) -> None:
+        if self._away_since is not None:
+            log.warning("a Kafka broker stores commands again (none did for %.0f s)", time.time() - self._away_since)
+            self._away_since = None
+            API_KAFKA_AWAY.set(0)
+
+    async def _retire(self, failed: AIOKafkaProducer, error: KafkaError | TimeoutError) -> None:
         if self._producer is failed:  # not retired by another request already
             log.warning("the API's producer failed (%r): a new one takes over", error)
             self._producer = None

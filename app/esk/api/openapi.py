@@ -336,8 +336,9 @@ def _command_operation(aggregate_type: AggregateType[Any], name: str, model: typ
                 headers=optional_etag,
             ),
             "503": _problem(
-                "Not stored: retry with the same Idempotency-Key (`kafka_unavailable`); or stored, with no outcome in "
-                "time: it will be processed, its outcome will be at the Location (`outcome_pending`)",
+                "Not acknowledged, stored or not: retry with the same Idempotency-Key, or the id the Location names "
+                "(`kafka_unavailable`); or stored, with no outcome in time: it will be processed, its outcome will be "
+                "at the Location (`outcome_pending`)",
                 "kafka_unavailable", "outcome_pending",
                 headers={"Retry-After": _retry_after(), "Location": _location("The command's outcome", required=False)},
             ),

@@ -108,7 +108,7 @@ def read_rows(tables: Tables, model: ReadModel, filters: dict[str, str], limit: 
 def _convert(column: str, raw: str, arrow_type: Any, pa: Any) -> Any:
     try:
         if pa.types.is_integer(arrow_type):
-            return int(raw)
+            return pa.scalar(int(raw), type=arrow_type)  # one the column cannot hold is no match to look for
         if pa.types.is_floating(arrow_type):
             return float(raw)
         if pa.types.is_date(arrow_type):
@@ -120,7 +120,7 @@ def _convert(column: str, raw: str, arrow_type: Any, pa: Any) -> Any:
             # A TIMESTAMP is an instant, kept in UTC: a value without an offset is read as UTC
             # (the sessions' time zone), as the rows show them
             return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
-    except ValueError:
+    except (ValueError, OverflowError):  # pyarrow's ArrowInvalid is a ValueError
         raise BadFilter(f"{column}: {raw!r} is not a valid {arrow_type}") from None
     return raw
 
