@@ -5,11 +5,10 @@ in the log and its outcome will be produced whatever crashes next (G4).
 
 A command not acknowledged within `ESK_API__SUBMIT_TIMEOUT_S` fails (its record may still
 be stored later, as the producer goes on retrying it: the client retries under its key,
-which never applies a command twice). From such a failure for want of a broker until a
-command is stored again, one command at a time tries (it finds out whether a broker is
-back, and waits as long again if none is) and every other one fails at once (`KafkaAway`):
-a client told 503 in milliseconds retries under its key, rather than holding a connection
-for the timeout and then retrying all the same.
+which never applies a command twice). After such a failure for want of a broker, every
+command fails at once (`KafkaAway`) until a broker answers again, which the gateway asks
+every PROBE_INTERVAL_S: a client told 503 in milliseconds retries under its key, rather
+than holding a connection for the timeout and then retrying all the same.
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ from aiokafka.errors import KafkaError, KafkaTimeoutError
 from opentelemetry.trace import SpanKind
 
 from .. import tracing
-from ..kafka.client_options import client_options
+from ..kafka.client_options import check_access, client_options
 from ..kafka.topics import TopicNames
 from ..metrics import API_KAFKA_AWAY
 from ..protocol import CommandEnvelope
@@ -32,10 +31,11 @@ from ..settings import Settings
 
 log = logging.getLogger(__name__)
 
+PROBE_INTERVAL_S = 1.0
+
 
 class KafkaAway(Exception):
-    """Not tried: the last command found no broker, and another one is finding out whether
-    one is back."""
+    """Not tried: a command found no broker, and none has answered since."""
 
     def __init__(self, since: float) -> None:
         self.since = since  # time.time() of the failure that found none
@@ -56,15 +56,21 @@ class CommandGateway:
         self._traced = settings.tracing.enabled
         self._starting = asyncio.Lock()
         self._away_since: float | None = None
-        self._trying = False  # a command is finding out whether a broker is back
+        self._probe: asyncio.Task[None] | None = None  # asks whether a broker is back, while none is
 
     async def start(self) -> None:
         await self._current()
 
     async def stop(self) -> None:
+        if self._probe is not None:
+            self._probe.cancel()
+            await asyncio.gather(self._probe, return_exceptions=True)
         if self._producer is not None:
-            await self._producer.stop()
-            self._producer = None
+            producer, self._producer = self._producer, None
+            # Its stop sends what it holds first: records of commands answered 503 (timed
+            # out), which it would retry for as long as no broker answers.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(producer.stop(), self.settings.api.submit_timeout_s)
 
     async def _current(self) -> AIOKafkaProducer:
         """The producer, started first when there is none (at the start, or after one that
@@ -86,16 +92,13 @@ class CommandGateway:
 
     @property
     def away_since(self) -> float | None:
-        """time.time() of the failure that found no broker, while no command was stored since."""
+        """time.time() of the failure that found no broker, while none has answered since."""
         return self._away_since
 
     async def submit(self, envelope: CommandEnvelope) -> None:
-        """Raises KafkaAway, untried, while another command finds out whether a broker is back."""
-        since = self._away_since
-        if since is not None:
-            if self._trying:
-                raise KafkaAway(since)
-            self._trying = True
+        """Raises KafkaAway, untried, while no broker has answered since a command found none."""
+        if self._away_since is not None:
+            raise KafkaAway(self._away_since)
         producer = None
         try:
             producer = await self._current()
@@ -110,23 +113,29 @@ class CommandGateway:
                 # nothing is lost: those requests are answered 503 and retried under their keys.
                 await self._retire(producer, error)
             raise
-        else:
-            self._note_back()
-        finally:
-            if since is not None:
-                self._trying = False
 
     def _note_away(self, error: KafkaError | TimeoutError) -> None:
         if self._away_since is None:
             self._away_since = time.time()
             API_KAFKA_AWAY.set(1)
-            log.warning("no Kafka broker stored a command (%r): other commands are refused at once, one at a time tries", error)
+            log.warning("no Kafka broker stored a command (%r): commands are refused at once until one answers", error)
+            self._probe = asyncio.create_task(self._until_a_broker_answers(), name="kafka-probe")
 
-    def _note_back(self) -> None:
-        if self._away_since is not None:
-            log.warning("a Kafka broker stores commands again (none did for %.0f s)", time.time() - self._away_since)
-            self._away_since = None
-            API_KAFKA_AWAY.set(0)
+    async def _until_a_broker_answers(self) -> None:
+        while True:
+            await asyncio.sleep(PROBE_INTERVAL_S)
+            try:
+                answered = await asyncio.wait_for(check_access(self.settings), self.settings.api.submit_timeout_s)
+            except Exception as error:  # refused (TLS, SASL) or no answer in time: still away
+                log.debug("no Kafka broker answers yet: %r", error)
+                continue
+            if answered:
+                break
+        assert self._away_since is not None
+        log.warning("a Kafka broker answers again: commands are taken (none was for %.0f s)", time.time() - self._away_since)
+        self._away_since = None
+        self._probe = None
+        API_KAFKA_AWAY.set(0)
 
     async def _retire(self, failed: AIOKafkaProducer, error: KafkaError | TimeoutError) -> None:
         if self._producer is failed:  # not retired by another request already
