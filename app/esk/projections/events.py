@@ -97,6 +97,9 @@ def kafka_source_options(settings: Settings) -> dict[str, str]:
         # comes: a few tasks' worth of that on every micro-batch, however small.
         "kafka.fetch.max.wait.ms": str(FETCH_MAX_WAIT_MS),
         "kafka.security.protocol": k.security_protocol,
+        # How long its clients wait for a broker, as esk's own do (ESK_KAFKA__REQUEST_TIMEOUT_MS).
+        "kafka.request.timeout.ms": str(k.request_timeout_ms),
+        "kafka.default.api.timeout.ms": str(k.request_timeout_ms),
     }
     if k.security_protocol in ("SSL", "SASL_SSL"):
         options |= _java_tls_options(settings)

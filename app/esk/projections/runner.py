@@ -9,6 +9,7 @@ generation starts with a new checkpoint and batch ids from 0.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
@@ -36,6 +37,7 @@ from pyspark.sql.streaming.readwriter import DataStreamWriter
 from pyspark.sql.types import StructType
 from rich.console import Console
 
+from ..kafka.client_options import KafkaAccessError, check_access
 from ..processes import set_from_signal_handler
 from ..registry import load_registry
 from ..settings import Settings
@@ -448,12 +450,36 @@ def _keep(
     if not continuous:
         _retire(tables, name, kept_s, console)
     if continuous and not stop.asked.is_set():
-        query = writer().trigger(processingTime=f"{settings.projections.trigger_interval_s} seconds").start()
+
+        def keeping() -> StreamingQuery:
+            return writer().trigger(processingTime=f"{settings.projections.trigger_interval_s} seconds").start()
+
+        query = keeping()
+        gave_up: StreamingQuery | None = None  # failed for want of a broker: nothing to stop
         report_every_s = max(LAG_REPORT_EVERY_S, round(settings.projections.trigger_interval_s * 2))
         reported = vacuumed = retired = time.monotonic()
         retiring = _retire_beside(tables, name, kept_s, console)
         try:
-            while _await(query, stop):
+            while True:
+                try:
+                    if not _await(query, stop):
+                        break
+                except CapturedException as error:
+                    # The query gives up when its broker stays away for a few of its request
+                    # timeouts: it starts again from its checkpoint once one answers, in this
+                    # driver, rather than end the run (and a supervisor start a cold one).
+                    if not _kafka_away(error):
+                        raise
+                    gave_up = query
+                    console.print(
+                        f"{name}: no Kafka broker answered ({_first_line(str(error))}): it goes on once one does",
+                        highlight=False,
+                    )
+                    if not _until_kafka_answers(settings, stop):
+                        return summary
+                    console.print(f"{name}: Kafka answers again: going on", highlight=False)
+                    query = keeping()
+                    continue
                 if moved_on():
                     break
                 if time.monotonic() - reported > report_every_s:
@@ -473,7 +499,8 @@ def _keep(
         except KeyboardInterrupt:  # a caller's Ctrl-C (the CLI's signals only ask)
             pass
         finally:
-            _stop_between_batches(query, stop, console, name)
+            if query is not gave_up:
+                _stop_between_batches(query, stop, console, name)
             summary.lag = _lag(query.lastProgress)
     return summary
 
@@ -928,6 +955,26 @@ def _turn(lock: threading.Lock | None, stop: StopRequest) -> Iterator[bool]:
                     lock.release()
             return
     yield False
+
+
+# What a Kafka client in Spark raises when no broker answered within its timeouts.
+_KAFKA_AWAY = re.compile(r"org\.apache\.kafka\.common\.errors\.(TimeoutException|DisconnectException|NetworkException)")
+
+
+def _kafka_away(error: CapturedException) -> bool:
+    return bool(_KAFKA_AWAY.search(str(error)))
+
+
+def _until_kafka_answers(settings: Settings, stop: StopRequest) -> bool:
+    """Waits until a broker answers (True), or a stop is asked (False)."""
+    while not stop.asked.is_set():
+        try:
+            if asyncio.run(check_access(settings)):
+                return True
+        except KafkaAccessError:  # refused (TLS, SASL): told once more by the query's next failure
+            return True
+        stop.asked.wait(POLL_S)
+    return False
 
 
 def _stop_between_batches(query: StreamingQuery, stop: StopRequest, console: Console, name: str, wait_s: float = STOP_WAIT_S) -> None:
