@@ -208,7 +208,8 @@ async def test_an_undecodable_event_is_parked_with_the_reason_and_its_aggregate_
         applied = await tx.sql.fetchall("SELECT order_id, version FROM applied")
         offsets = await read_offsets(tx.esk, ledger.name)
     assert [(p.offset, p.aggregate_id) for p in parked] == [(0, "o1"), (2, "o1")]
-    assert parked[0].reason.startswith("undecodable: ValidationError") and "customer_id" in parked[0].reason
+    # in one line, by its fields (pydantic's own text runs over several)
+    assert parked[0].reason.startswith("undecodable: customer_id: ") and "\n" not in parked[0].reason
     assert applied == [("o2", 1)]
     assert offsets == {TopicPartition("test.orders.events", 0): (3, 0)}
     await database.close()

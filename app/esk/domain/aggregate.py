@@ -19,7 +19,7 @@ from datetime import timedelta
 from typing import Any, ClassVar, Generic, TypeVar
 
 import orjson
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 
 class Command(BaseModel):
@@ -178,3 +178,12 @@ class AggregateType(Generic[S]):
         if self.retention is None or not self.is_final(state):
             return None
         return last_event_ms + self.retention // timedelta(milliseconds=1)
+
+
+def one_line(error: Exception) -> str:
+    """`error` in one line, as an event's decoding tells it (a log line, a parked event's
+    reason): a ValidationError by its fields (pydantic's own text runs over several lines,
+    with a link per error)."""
+    if isinstance(error, ValidationError):
+        return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'the whole'}: {e['msg']}" for e in error.errors())
+    return f"{type(error).__name__}: {' '.join(str(error).split())}"

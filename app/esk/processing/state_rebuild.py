@@ -29,6 +29,7 @@ import msgspec
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from pydantic import BaseModel, ValidationError
 
+from ..domain.aggregate import one_line
 from ..kafka.reader import read_committed
 from ..kafka.stopping import stop_consumer
 from ..kafka.topics import TopicNames
@@ -174,14 +175,6 @@ def _fold_records(registry: Registry, aggregate_type: str, folds: dict[str, _Fol
             fold.error = f"evolve failed on {what}: {one_line(error)}"
             continue
         fold.version, fold.recorded_at = event.version, event.recorded_at
-
-
-def one_line(error: Exception) -> str:
-    """`error` in one line: a ValidationError by its fields (pydantic's own text runs over
-    several lines, with a link per error)."""
-    if isinstance(error, ValidationError):
-        return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'the whole'}: {e['msg']}" for e in error.errors())
-    return f"{type(error).__name__}: {' '.join(str(error).split())}"
 
 
 def _write(task: StreamTask, aggregate_type: str, aggregate_id: str, fold: _Fold) -> str | None:

@@ -22,7 +22,7 @@ from typing import Any
 
 from aiokafka.structs import ConsumerRecord
 
-from ..domain.aggregate import AggregateType, Event
+from ..domain.aggregate import AggregateType, Event, one_line
 from ..kafka.topics import TopicNames
 from ..protocol import CommandEnvelope, DecodeError, EventRecord, Outcome
 from .api import AnySubscription, CommandOutcome, Context, DatabaseContext, Origin, OutcomeContext, Reactor, Send
@@ -156,7 +156,7 @@ class Router:
         try:
             event = route.aggregate.decode_event(event_record.type, event_record.schema_version, event_record.data)
         except Exception as error:  # an unknown type, a payload the model refuses, an upcaster that raises
-            raise Undecodable(f"{type(error).__name__}: {error}") from None
+            raise Undecodable(one_line(error)) from None
         return EventDelivery(handler, event, event_record, record.topic, record.partition, record.offset)
 
     def _decode_outcome(self, record: ConsumerRecord[bytes, bytes]) -> OutcomeDelivery | None:
