@@ -81,5 +81,6 @@ async def test_a_continuous_run_goes_on_after_the_broker_was_away_for_longer_tha
         assert code == 0, output
         assert "Kafka answers again: going on" in output
         assert "Traceback" not in output and "failed" not in output, output
+        assert "could not be established" not in output  # each of Spark's Kafka clients, every second
     finally:
         await asyncio.to_thread(broker.stop)
