@@ -102,7 +102,8 @@ class CommandGateway:
         producer = None
         try:
             producer = await self._current()
-            await asyncio.wait_for(self._send(producer, envelope), self.settings.api.submit_timeout_s)
+            async with asyncio.timeout(self.settings.api.submit_timeout_s):  # no task of its own, unlike wait_for
+                await self._send(producer, envelope)
         except (KafkaError, TimeoutError) as error:
             if _broker_away(error):
                 self._note_away(error)
