@@ -4,8 +4,9 @@ header, upcasting, retries, parking in order, a failing event undone alone."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from aiokafka import TopicPartition
@@ -14,6 +15,7 @@ from aiokafka.structs import ConsumerRecord
 from domain.accounts import Deposited, Opened, Withdraw, accounts
 from domain.orders import Cancel, Line, LineAdded, Placed, Shipped, orders
 from esk import (
+    AggregateType,
     Context,
     DatabaseContext,
     DatabaseHandler,
@@ -148,9 +150,11 @@ async def test_an_event_of_an_older_schema_version_reaches_the_handler_upcast() 
     assert seen == [Opened(owner="ada")]
 
 
-def flaky_ledger(fails: dict[str, int], name: str = "flaky") -> DatabaseHandler:
+def flaky_ledger(
+    fails: dict[str, int], name: str = "flaky", aggregate: AggregateType[Any] = orders, placed: type[Placed] = Placed
+) -> DatabaseHandler:
     """Records every event it applies, in order; raises for an order while `fails` says so."""
-    ledger = DatabaseHandler(name, reads=[orders], schema=["CREATE TABLE applied (order_id TEXT, version INTEGER)"])
+    ledger = DatabaseHandler(name, reads=[aggregate], schema=["CREATE TABLE applied (order_id TEXT, version INTEGER)"])
 
     async def apply(event: Any, ctx: DatabaseContext) -> None:
         await ctx.db.execute("INSERT INTO applied VALUES (?, ?)", (ctx.aggregate_id, ctx.version))
@@ -158,7 +162,7 @@ def flaky_ledger(fails: dict[str, int], name: str = "flaky") -> DatabaseHandler:
             fails[ctx.aggregate_id] -= 1
             raise RuntimeError(f"{ctx.aggregate_id} is not welcome")
 
-    ledger.on(Placed)(apply)
+    ledger.on(placed)(apply)
     ledger.on(LineAdded)(apply)
     return ledger
 
@@ -222,3 +226,62 @@ def test_a_handler_for_an_event_the_subscription_does_not_read_is_refused() -> N
     with pytest.raises(ValueError, match="alphanumeric"):
         Reactor("no spaces", reads=[orders])
     assert Shipped in orders.events
+
+
+class PlacedNewer(Placed):
+    """`Placed` as the next version of the code has it: one schema version on, same fields."""
+
+    schema_version: ClassVar[int] = Placed.schema_version + 1
+
+    @classmethod
+    def type_name(cls) -> str:
+        return "Placed"
+
+
+NEWER_ORDERS = dataclasses.replace(
+    orders,
+    events=[PlacedNewer if e is Placed else e for e in orders.events],
+    upcasters={**orders.upcasters, ("Placed", Placed.schema_version): dict},
+)
+
+
+async def test_events_parked_for_a_newer_schema_version_are_handled_once_the_code_knows_it() -> None:
+    """A rolling deployment: the processor's newer code wrote an event version the
+    subscriber's code did not know; the subscriber's next version knows it, and takes up
+    the aggregate's parked events as it opens the partition, without an operator."""
+    database = SQLite(":memory:").connect(Path(":memory:"))
+    tp = TopicPartition("test.orders.events", 0)
+
+    def event(n: int, order_id: str, version: int, event: Placed | LineAdded, schema_version: int) -> ConsumerRecord[bytes, bytes]:
+        data = event.model_dump(mode="json")
+        record = EventRecord(f"orders/{order_id}/{version}", "orders", order_id, version, event.type_name(), schema_version, data, "c", "c", "c", 0)
+        return order_record(n, order_id, event.type_name(), record.encode())
+
+    older = flaky_ledger({})
+    await prepare(database, older)
+    worker = PartitionWorker(older, Router(older, {"orders": orders}, "test"), DatabaseSink(database, older, tp), NO_WAIT)
+    await worker.open()
+    newer = PlacedNewer.schema_version
+    await worker.handle([event(0, "o1", 1, placed(), newer), event(1, "o2", 1, placed(), 2), event(2, "o1", 2, ADDED, 1)], 3)
+    async with database.transaction() as tx:
+        parked = await load_parked(tx.esk, older.name)
+    assert [(p.offset, p.reason.split(":")[:2]) for p in parked] == [(0, ["undecodable", " NewerSchemaVersion"]), (2, ["waits behind an earlier parked event of 'o1'"])]
+
+    again = PartitionWorker(older, Router(older, {"orders": orders}, "test"), DatabaseSink(database, older, tp), NO_WAIT)
+    await again.open()  # the same code again: they stay parked, untouched
+    assert again.parked == {"o1"}
+    async with database.transaction() as tx:
+        assert [p.attempts for p in await load_parked(tx.esk, older.name)] == [0, 0]
+
+    upgraded = flaky_ledger({}, aggregate=NEWER_ORDERS, placed=PlacedNewer)
+    worker = PartitionWorker(upgraded, Router(upgraded, {"orders": NEWER_ORDERS}, "test"), DatabaseSink(database, upgraded, tp), NO_WAIT)
+    assert await worker.open() == 3
+    assert worker.parked == set()
+    await worker.handle([event(3, "o1", 3, ADDED, 1)], 4)  # and the aggregate's next events go on
+    async with database.transaction() as tx:
+        applied = await tx.sql.fetchall("SELECT order_id, version FROM applied")
+        parked = await load_parked(tx.esk, upgraded.name)
+        resolved = await load_parked(tx.esk, upgraded.name, status=None)
+    assert applied == [("o2", 1), ("o1", 1), ("o1", 2), ("o1", 3)]
+    assert parked == [] and {(p.status.value, p.resolved_by) for p in resolved} == {("retried", "esk: its schema version is known now")}
+    await database.close()

@@ -34,9 +34,10 @@ from .database import Transaction
 from .database_sink import load_parked, read_offsets, rewind
 from .parked_topic import parked_key, replay_key
 from .parking import ParkedEvent, ParkStatus
-from .routing import Router, Undecodable
-from .sinks import Fenced, Unit
+from .routing import Router
+from .sinks import Fenced
 from .stores import Stores, group_id
+from .worker import resolve_parked
 
 FENCED_ATTEMPTS = 5  # a member that starts its partition again meanwhile fences the tool in turn
 
@@ -150,22 +151,10 @@ class SubscriptionOperations:
         await sink.open()  # a Reactor's: fences the member that has the partition
         try:
             for aggregate_id in aggregates:
-                resolved: list[ParkedEvent] = []
-                still_parked: list[ParkedEvent] = []
                 unit = await sink.begin()
                 try:
-                    for event in await unit.parked_of(aggregate_id):  # as of now, after the fencing
-                        reason = None
-                        if not still_parked and status is ParkStatus.RETRIED:
-                            reason = await self._handle_again(unit, event)
-                        if reason is not None:
-                            event = event.failed_again(reason, 1)
-                            await unit.park(event)
-                        if reason is not None or still_parked:
-                            still_parked.append(event)
-                        else:
-                            resolved.append(event.resolved(status, by))
-                            await unit.park(resolved[-1])
+                    parked = await unit.parked_of(aggregate_id)  # as of now, after the fencing
+                    resolved, still_parked = await resolve_parked(unit, self.router, parked, status, by)
                 except BaseException:
                     await unit.abort()
                     raise
@@ -174,24 +163,6 @@ class SubscriptionOperations:
                 report.still_parked.extend(still_parked)
         finally:
             await sink.close()
-
-    async def _handle_again(self, unit: Unit, event: ParkedEvent) -> str | None:
-        """None when the event was handled; else why it failed."""
-        record = event.record()
-        route = self.router.select(record)
-        if route is None:
-            return None  # the subscription no longer handles this type: nothing to do
-        try:
-            delivery = self.router.decode(record, route)
-        except Undecodable as error:
-            return f"undecodable: {error}"
-        if delivery is None:
-            return None
-        try:
-            await unit.apply(delivery, False)
-        except Exception as error:
-            return f"{type(error).__name__}: {error}"
-        return None
 
     async def reset(self, to: datetime | None, keep_data: bool = False) -> dict[TopicPartition, int]:
         """Rewind to the earliest offsets (`to` None) or to the first record at or after

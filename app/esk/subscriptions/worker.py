@@ -6,6 +6,11 @@ handler runs into the open unit. A handler that raises is undone alone: the unit
 what came before it, and the event is tried again on its own, with growing waits, each
 attempt a unit of its own; when the attempts run out it is parked, in the unit that moves
 the offset past it. The worker knows nothing of Kafka or databases: its sink does.
+
+An aggregate parked behind an event of a schema version the code did not know (newer code
+wrote it while this subscriber still ran older code, as a rolling deployment does) is
+handled again when a worker opens its partition with code that knows the version: as
+`esk subscriptions retry` would, so an upgrade needs no operator.
 """
 
 from __future__ import annotations
@@ -20,11 +25,15 @@ from opentelemetry.trace import SpanKind
 from .. import tracing
 from ..metrics import SUBSCRIPTION_EVENTS
 from .api import AnySubscription, Retries
-from .parking import ParkedEvent, aggregate_key
+from .parking import ParkedEvent, ParkStatus, aggregate_key
 from .routing import Delivery, EventDelivery, Router, Undecodable
 from .sinks import PartitionSink, Unit
 
 log = logging.getLogger(__name__)
+
+# The reason an event is parked with when its schema version is newer than the code's.
+NEWER_VERSION = "undecodable: NewerSchemaVersion"
+RETRIED_BY = "esk: its schema version is known now"
 
 
 class PartitionWorker:
@@ -49,7 +58,28 @@ class PartitionWorker:
         self.next_offset = start.next_offset
         self.replay_until = start.replay_until
         self.parked = set(start.parked)
+        await self._retry_known_versions()
         return start.next_offset
+
+    async def _retry_known_versions(self) -> None:
+        for key in sorted(self.parked):
+            unit = await self.sink.begin()
+            try:
+                parked = await unit.parked_of(key)
+                if not parked or not parked[0].reason.startswith(NEWER_VERSION) or not _decodes(self.router, parked[0]):
+                    await unit.abort()
+                    continue
+                resolved, still_parked = await resolve_parked(unit, self.router, parked, ParkStatus.RETRIED, RETRIED_BY)
+            except BaseException:
+                await unit.abort()
+                raise
+            await unit.commit(None)
+            if not still_parked:
+                self.parked.discard(key)
+            log.warning(
+                "%s: %s's events parked for a schema version the code knows now: %d handled, %d still parked",
+                self.subscription.name, key, len(resolved), len(still_parked),
+            )
 
     async def close(self) -> None:
         await self.sink.close()
@@ -186,3 +216,57 @@ class PartitionWorker:
         if self._uncounted:
             self._handled.inc(self._uncounted)
             self._uncounted = 0
+
+
+async def resolve_parked(
+    unit: Unit, router: Router, parked: Sequence[ParkedEvent], status: ParkStatus, by: str
+) -> tuple[list[ParkedEvent], list[ParkedEvent]]:
+    """An aggregate's parked events, in order, in `unit`: handled again with today's code
+    (RETRIED), the first that fails again staying parked and the later ones with it, or
+    dropped (SKIPPED). Returns those resolved and those still parked."""
+    resolved: list[ParkedEvent] = []
+    still_parked: list[ParkedEvent] = []
+    for event in parked:
+        reason = None
+        if not still_parked and status is ParkStatus.RETRIED:
+            reason = await _handle_again(unit, router, event)
+        if reason is not None:
+            event = event.failed_again(reason, 1)
+            await unit.park(event)
+        if reason is not None or still_parked:
+            still_parked.append(event)
+        else:
+            resolved.append(event.resolved(status, by))
+            await unit.park(resolved[-1])
+    return resolved, still_parked
+
+
+async def _handle_again(unit: Unit, router: Router, event: ParkedEvent) -> str | None:
+    """None when the event was handled (or is no longer the subscription's); else why it failed."""
+    try:
+        delivery = _delivery(router, event)
+    except Undecodable as error:
+        return f"undecodable: {error}"
+    if delivery is None:
+        return None
+    try:
+        await unit.apply(delivery, False)
+    except Exception as error:
+        return f"{type(error).__name__}: {error}"
+    return None
+
+
+def _decodes(router: Router, event: ParkedEvent) -> bool:
+    try:
+        _delivery(router, event)
+    except Undecodable:
+        return False
+    return True
+
+
+def _delivery(router: Router, event: ParkedEvent) -> Delivery | None:
+    """The parked event as its handler takes it with today's code; None when the
+    subscription no longer handles it. Raises Undecodable."""
+    record = event.record()
+    route = router.select(record)
+    return None if route is None else router.decode(record, route)
