@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 from aiokafka.errors import KafkaError
+from prometheus_client import REGISTRY
 
 from esk.api.gateway import CommandGateway, KafkaAway
 from esk.broker import EmbeddedBroker
 from esk.broker.ports import free_port_pair
 from esk.kafka.topics import TopicNames, ensure_topics, topic_specs
-from esk.metrics import API_KAFKA_AWAY
 from esk.protocol import CommandEnvelope
 from esk.registry import load_registry
 from esk.settings import BrokerSettings, Settings
@@ -64,7 +64,7 @@ async def test_once_a_command_found_no_broker_the_others_are_refused_at_once_unt
         with pytest.raises(TimeoutError):  # found out the slow way, bounded (aiokafka would retry for ever)
             await gateway.submit(_deposit("timed-out-1"))
         assert 2.0 <= time.monotonic() - started < 5
-        assert gateway.away_since is not None and API_KAFKA_AWAY._value.get() == 1
+        assert gateway.away_since is not None and REGISTRY.get_sample_value("esk_api_kafka_away") == 1
         for _ in range(3):
             started = time.monotonic()
             with pytest.raises(KafkaAway):
@@ -74,7 +74,7 @@ async def test_once_a_command_found_no_broker_the_others_are_refused_at_once_unt
 
         await asyncio.to_thread(broker.start)
         await wait_for(lambda: gateway.away_since is None, timeout_s=30, what="the gateway to see the broker back")
-        assert API_KAFKA_AWAY._value.get() == 0
+        assert REGISTRY.get_sample_value("esk_api_kafka_away") == 0
         await gateway.submit(_deposit("after"))
         await gateway.submit(_deposit("after-2"))
 

@@ -273,9 +273,18 @@ async def test_events_parked_for_a_newer_schema_version_are_handled_once_the_cod
     async with database.transaction() as tx:
         assert [p.attempts for p in await load_parked(tx.esk, older.name)] == [0, 0]
 
-    upgraded = flaky_ledger({}, aggregate=NEWER_ORDERS, placed=PlacedNewer)
+    upgraded = flaky_ledger({"o1": 1}, aggregate=NEWER_ORDERS, placed=PlacedNewer)  # its database away at first
     worker = PartitionWorker(upgraded, Router(upgraded, {"orders": NEWER_ORDERS}, "test"), DatabaseSink(database, upgraded, tp), NO_WAIT)
-    assert await worker.open() == 3
+    await worker.open()
+    assert worker.parked == {"o1"}  # all of them stay as they were, to be tried again
+    async with database.transaction() as tx:
+        assert [(p.reason.startswith("undecodable: NewerSchemaVersion"), p.attempts) for p in await load_parked(tx.esk, older.name)] == [
+            (True, 0), (False, 0)
+        ]
+        assert await tx.sql.fetchall("SELECT order_id, version FROM applied") == [("o2", 1)]
+
+    worker = PartitionWorker(upgraded, Router(upgraded, {"orders": NEWER_ORDERS}, "test"), DatabaseSink(database, upgraded, tp), NO_WAIT)
+    assert await worker.open() == 3  # the next start
     assert worker.parked == set()
     await worker.handle([event(3, "o1", 3, ADDED, 1)], 4)  # and the aggregate's next events go on
     async with database.transaction() as tx:

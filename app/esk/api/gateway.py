@@ -57,6 +57,7 @@ class CommandGateway:
         self._starting = asyncio.Lock()
         self._away_since: float | None = None
         self._probe: asyncio.Task[None] | None = None  # asks whether a broker is back, while none is
+        self._discarding: set[asyncio.Task[None]] = set()  # producers whose start failed, stopping
 
     async def start(self) -> None:
         await self._current()
@@ -65,12 +66,22 @@ class CommandGateway:
         if self._probe is not None:
             self._probe.cancel()
             await asyncio.gather(self._probe, return_exceptions=True)
+        self._back()
         if self._producer is not None:
             producer, self._producer = self._producer, None
-            # Its stop sends what it holds first: records of commands answered 503 (timed
-            # out), which it would retry for as long as no broker answers.
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(producer.stop(), self.settings.api.submit_timeout_s)
+            await self._discard(producer)
+
+    async def _discard(self, producer: AIOKafkaProducer) -> None:
+        """Stops `producer`, bounded: its stop sends what it holds first (records of
+        commands answered 503, timed out), which it would retry for as long as no broker
+        answers; then its connections and tasks go with its client."""
+        try:
+            async with asyncio.timeout(self.settings.api.submit_timeout_s):
+                await producer.stop()
+        except Exception as error:  # timed out, or a start cut short: its client still goes
+            log.debug("the API's producer did not stop cleanly: %r", error)
+            with contextlib.suppress(Exception):
+                await producer.client.close()
 
     async def _current(self) -> AIOKafkaProducer:
         """The producer, started first when there is none (at the start, or after one that
@@ -86,7 +97,13 @@ class CommandGateway:
                 enable_idempotence=True,
                 linger_ms=1,
             )
-            await producer.start()
+            try:
+                await producer.start()  # an idempotent one asks for its id until a broker answers
+            except BaseException:  # failed, or cut short by the command's timeout
+                discarding = asyncio.get_running_loop().create_task(self._discard(producer))
+                self._discarding.add(discarding)
+                discarding.add_done_callback(self._discarding.discard)
+                raise
             self._producer = producer
             return producer
 
@@ -98,11 +115,13 @@ class CommandGateway:
     async def submit(self, envelope: CommandEnvelope) -> None:
         """Raises KafkaAway, untried, while no broker has answered since a command found none."""
         if self._away_since is not None:
-            raise KafkaAway(self._away_since)
+            if self._probe is not None and not self._probe.done():
+                raise KafkaAway(self._away_since)
+            self._back()  # the probe ended without an answer (it never should): this command finds out
         producer = None
         try:
-            producer = await self._current()
             async with asyncio.timeout(self.settings.api.submit_timeout_s):  # no task of its own, unlike wait_for
+                producer = await self._current()
                 await self._send(producer, envelope)
         except (KafkaError, TimeoutError) as error:
             if _broker_away(error):
@@ -114,6 +133,8 @@ class CommandGateway:
                 # nothing is lost: those requests are answered 503 and retried under their keys.
                 await self._retire(producer, error)
             raise
+        if self._away_since is not None:  # a command in flight got through: no need to wait for the probe
+            self._back()
 
     def _note_away(self, error: KafkaError | TimeoutError) -> None:
         if self._away_since is None:
@@ -126,16 +147,23 @@ class CommandGateway:
         while True:
             await asyncio.sleep(PROBE_INTERVAL_S)
             try:
-                answered = await asyncio.wait_for(check_access(self.settings), self.settings.api.submit_timeout_s)
+                async with asyncio.timeout(self.settings.api.submit_timeout_s):
+                    answered = await check_access(self.settings)
             except Exception as error:  # refused (TLS, SASL) or no answer in time: still away
                 log.debug("no Kafka broker answers yet: %r", error)
                 continue
             if answered:
                 break
-        assert self._away_since is not None
-        log.warning("a Kafka broker answers again: commands are taken (none was for %.0f s)", time.time() - self._away_since)
-        self._away_since = None
+        if self._away_since is not None:
+            log.warning("a Kafka broker answers again: commands are taken (none was for %.0f s)", time.time() - self._away_since)
         self._probe = None
+        self._back()
+
+    def _back(self) -> None:
+        if self._probe is not None and self._probe is not asyncio.current_task():
+            self._probe.cancel()
+        self._probe = None
+        self._away_since = None
         API_KAFKA_AWAY.set(0)
 
     async def _retire(self, failed: AIOKafkaProducer, error: KafkaError | TimeoutError) -> None:

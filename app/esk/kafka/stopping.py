@@ -26,7 +26,13 @@ async def stop_consumer(consumer: AIOKafkaConsumer) -> None:
         task = asyncio.current_task()
         if task is not None and task.cancelling():
             raise  # the caller is being cancelled: not aiokafka's own
-        log.debug("a fetch request cancelled by the consumer's stop ended it early; closing its connections")
-        # `stop` ended before its last step, which closes the client's connections.
+        log.debug("a fetch request cancelled by the consumer's stop ended it early; closing the rest")
+        # `stop` ended at the first cancelled fetch: the others, and its last step, which
+        # closes the client's connections, are done here (no public way to reach them).
+        fetcher = consumer._fetcher
+        if fetcher is not None:
+            for task in [*fetcher._pending_tasks, fetcher._fetch_task]:
+                task.cancel()
+            await asyncio.gather(*fetcher._pending_tasks, fetcher._fetch_task, return_exceptions=True)
         with contextlib.suppress(Exception):
             await consumer._client.close()

@@ -108,7 +108,7 @@ def read_rows(tables: Tables, model: ReadModel, filters: dict[str, str], limit: 
 def _convert(column: str, raw: str, arrow_type: Any, pa: Any) -> Any:
     try:
         if pa.types.is_integer(arrow_type):
-            return pa.scalar(int(raw), type=arrow_type)  # one the column cannot hold is no match to look for
+            return pa.scalar(int(raw), type=arrow_type)  # one the column cannot hold is refused (OverflowError)
         if pa.types.is_floating(arrow_type):
             return float(raw)
         if pa.types.is_date(arrow_type):

@@ -68,6 +68,7 @@ REBUILD_BESIDE_BATCH_MAX = 500_000
 RETIRE_EVERY_S = 60.0  # and looks this often for generations readers left long enough ago
 LAG_REPORT_EVERY_S = 10  # and looks at its lag this often, to log it when it changed
 POLL_S = 1  # seconds: how soon a run notices it is asked to stop
+KAFKA_CHECK_S = 5.0  # how long a run waiting for a broker gives one to answer, each time
 # How long a stop waits for the batch in flight: below the grace a supervisor gives before
 # it kills (Kubernetes: 30 s). A batch still running then is interrupted, and runs again
 # at the next start (its writes are idempotent).
@@ -969,8 +970,10 @@ def _until_kafka_answers(settings: Settings, stop: StopRequest) -> bool:
     """Waits until a broker answers (True), or a stop is asked (False)."""
     while not stop.asked.is_set():
         try:
-            if asyncio.run(check_access(settings)):
+            if asyncio.run(asyncio.wait_for(check_access(settings), KAFKA_CHECK_S)):
                 return True
+        except TimeoutError:  # a host that drops packets: a stop is still seen within seconds
+            pass
         except KafkaAccessError:  # refused (TLS, SASL): told once more by the query's next failure
             return True
         stop.asked.wait(POLL_S)

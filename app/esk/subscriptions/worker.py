@@ -10,7 +10,9 @@ the offset past it. The worker knows nothing of Kafka or databases: its sink doe
 An aggregate parked behind an event of a schema version the code did not know (newer code
 wrote it while this subscriber still ran older code, as a rolling deployment does) is
 handled again when a worker opens its partition with code that knows the version: as
-`esk subscriptions retry` would, so an upgrade needs no operator.
+`esk subscriptions retry` would, so an upgrade needs no operator. All of the aggregate's
+parked events go through, or none (one that fails for another reason keeps them all
+parked, tried again at the next start).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from aiokafka.structs import ConsumerRecord
 from opentelemetry.trace import SpanKind
 
 from .. import tracing
+from ..domain.aggregate import one_line
 from ..metrics import SUBSCRIPTION_EVENTS
 from .api import AnySubscription, Retries
 from .parking import ParkedEvent, ParkStatus, aggregate_key
@@ -73,13 +76,18 @@ class PartitionWorker:
             except BaseException:
                 await unit.abort()
                 raise
+            if still_parked:
+                # One failed now, for another reason (its handler, a database away): all of
+                # them stay as they were, to be tried at the next start, or by an operator.
+                await unit.abort()
+                log.warning(
+                    "%s: %s's events parked for a schema version the code knows now stay parked: %s",
+                    self.subscription.name, key, still_parked[0].reason,
+                )
+                continue
             await unit.commit(None)
-            if not still_parked:
-                self.parked.discard(key)
-            log.warning(
-                "%s: %s's events parked for a schema version the code knows now: %d handled, %d still parked",
-                self.subscription.name, key, len(resolved), len(still_parked),
-            )
+            self.parked.discard(key)
+            log.warning("%s: %s's %d events parked for a schema version the code knows now are handled", self.subscription.name, key, len(resolved))
 
     async def close(self) -> None:
         await self.sink.close()
@@ -194,7 +202,7 @@ class PartitionWorker:
             return
         unit = await self.sink.begin()
         try:
-            await self._park(unit, record, f"{type(error).__name__}: {error}", attempts, verified)
+            await self._park(unit, record, one_line(error), attempts, verified)
         except BaseException:
             await unit.abort()
             raise
@@ -252,7 +260,7 @@ async def _handle_again(unit: Unit, router: Router, event: ParkedEvent) -> str |
     try:
         await unit.apply(delivery, False)
     except Exception as error:
-        return f"{type(error).__name__}: {error}"
+        return one_line(error)
     return None
 
 
