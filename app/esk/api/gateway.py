@@ -63,10 +63,10 @@ class CommandGateway:
         await self._current()
 
     async def stop(self) -> None:
-        if self._probe is not None:
-            self._probe.cancel()
-            await asyncio.gather(self._probe, return_exceptions=True)
-        self._back()
+        probe = self._probe
+        self._back()  # cancels the probe
+        if probe is not None:
+            await asyncio.gather(probe, return_exceptions=True)
         if self._producer is not None:
             producer, self._producer = self._producer, None
             await self._discard(producer)
@@ -156,7 +156,6 @@ class CommandGateway:
                 break
         if self._away_since is not None:
             log.warning("a Kafka broker answers again: commands are taken (none was for %.0f s)", time.time() - self._away_since)
-        self._probe = None
         self._back()
 
     def _back(self) -> None:
@@ -170,8 +169,7 @@ class CommandGateway:
         if self._producer is failed:  # not retired by another request already
             log.warning("the API's producer failed (%r): a new one takes over", error)
             self._producer = None
-        with contextlib.suppress(Exception):
-            await failed.stop()
+        await self._discard(failed)
 
     async def _send(self, producer: AIOKafkaProducer, envelope: CommandEnvelope) -> None:
         if not self._traced:

@@ -25,7 +25,7 @@ from aiokafka.structs import ConsumerRecord
 from opentelemetry.trace import SpanKind
 
 from .. import tracing
-from ..domain.aggregate import one_line
+from ..domain.aggregate import NewerSchemaVersion, one_line
 from ..metrics import SUBSCRIPTION_EVENTS
 from .api import AnySubscription, Retries
 from .parking import ParkedEvent, ParkStatus, aggregate_key
@@ -34,8 +34,9 @@ from .sinks import PartitionSink, Unit
 
 log = logging.getLogger(__name__)
 
-# The reason an event is parked with when its schema version is newer than the code's.
-NEWER_VERSION = "undecodable: NewerSchemaVersion"
+UNDECODABLE = "undecodable: "  # how the reason of an event parked because it does not decode begins
+# ... and of one whose schema version is newer than the code's.
+NEWER_VERSION = f"{UNDECODABLE}{NewerSchemaVersion.__name__}"
 RETRIED_BY = "esk: its schema version is known now"
 
 
@@ -115,7 +116,7 @@ class PartitionWorker:
                 try:
                     delivery = self.router.decode(record, route)
                 except Undecodable as error:
-                    await self._park(unit, record, f"undecodable: {error}", 0, verified)
+                    await self._park(unit, record, f"{UNDECODABLE}{error}", 0, verified)
                     continue
                 if delivery is None:
                     continue
@@ -254,7 +255,7 @@ async def _handle_again(unit: Unit, router: Router, event: ParkedEvent) -> str |
     try:
         delivery = _delivery(router, event)
     except Undecodable as error:
-        return f"undecodable: {error}"
+        return f"{UNDECODABLE}{error}"
     if delivery is None:
         return None
     try:
