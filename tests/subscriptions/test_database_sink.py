@@ -18,6 +18,7 @@ from domain.orders import Placed, orders
 from esk import DatabaseContext, DatabaseHandler, PostgreSQL, Retries, SQLite, run_subscription
 from esk.subscriptions.database import Database, DatabaseConfig
 from esk.subscriptions.database_sink import DatabaseSink, DatabaseUnit, prepare, read_offsets, rewind
+from esk.subscriptions.parking import ParkedEvent, ParkStatus
 from esk.subscriptions.postgres import PostgresDatabase
 from esk.subscriptions.sinks import Fenced
 
@@ -235,3 +236,38 @@ async def test_a_failing_event_is_undone_alone_and_its_aggregate_parked_in_order
     assert await run.query("SELECT order_id, version FROM counted ORDER BY order_id") == [("good", 1)]
     assert [(p.aggregate_id, p.offset, p.status.value) for p in run.parked] == [("bad", 0, "parked"), ("bad", 2, "parked")]
     await run.close()
+
+
+async def test_an_aggregates_parked_events_are_read_by_one_unit_at_a_time(member: Member) -> None:
+    """A retry from the command line and a subscriber opening the partition, each in its
+    own transaction: the second waits for the first and finds nothing left to handle."""
+    first_db, second_db = await member(), await member()
+    first, second = DatabaseSink(first_db, ledger, TP), DatabaseSink(second_db, ledger, TP)
+    await first.open()
+    parked = [
+        ParkedEvent("ledger", TP.topic, TP.partition, offset, "a", "Placed", "no", 1, b"a", b"{}", []) for offset in (3, 7)
+    ]
+    unit = await first.begin()
+    for event in parked:
+        await unit.park(event)
+    await unit.commit(None)
+
+    resolving = await first.begin()
+    assert [p.offset for p in await resolving.parked_of("a")] == [3, 7]
+
+    async def read_by_second() -> list[ParkedEvent]:
+        unit = await second.begin()
+        try:
+            return await unit.parked_of("a")
+        finally:
+            await unit.abort()
+
+    waiting = asyncio.create_task(read_by_second())
+    await asyncio.sleep(1.0)
+    assert not waiting.done()
+    for event in parked:
+        await resolving.park(event.resolved(ParkStatus.RETRIED, "test"))
+    await resolving.commit(None)
+    assert await asyncio.wait_for(waiting, 10) == []
+    await first_db.close()
+    await second_db.close()
