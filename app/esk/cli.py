@@ -378,9 +378,9 @@ def project_run(
         chosen = select_read_models(projections, names or [], every)
     except ValueError as error:
         raise fail(str(error)) from None
-    # A continuous run waits for a broker away, as every long-running process does; a
-    # one-shot run would wait as long, Spark's Kafka source retrying without end.
-    require_kafka_access(settings, None if continuous else "a run that is not --continuous")
+    # A continuous run waits for a broker away, as every long-running process does (at its
+    # start here, later as its query gives up); a one-shot run ends at once.
+    require_kafka_access(settings, None if continuous else "a run that is not --continuous", wait=continuous)
     try:
         code = run_and_report(settings, chosen, continuous, rebuild, console, stop_on_signals(console))
     except RunFailed as failed:

@@ -1,6 +1,7 @@
 """A continuous run outlives a broker that stays away longer than its Spark query waits for
-one: the query gives up, the run waits for the broker, and goes on from its checkpoint in
-the same driver, the events of meanwhile and after reflected once each. A broker of the
+one, whether it catches up or keeps up: the query gives up, the run waits for the broker,
+and goes on from its checkpoint in the same driver, the events of meanwhile and after
+reflected once each. A broker of the
 test's own, stopped under the run, the processor and the API."""
 
 from __future__ import annotations
@@ -35,6 +36,10 @@ def _rows(settings: Settings) -> list[dict[str, Any]]:
         return []
 
 
+def _gave_up(log: Path) -> int:
+    return log.read_text().count("no Kafka broker answered")
+
+
 async def _add(s: System, n: int) -> None:
     """Sent until the API takes it (503 while its broker is still on its way back)."""
     key = f"add-{n}"
@@ -65,10 +70,22 @@ async def test_a_continuous_run_goes_on_after_the_broker_was_away_for_longer_tha
             await _add(s, 1)
             # Its Spark clients wait 2 s per request: the query gives up after a few.
             env = esk_env(settings, ESK_KAFKA__REQUEST_TIMEOUT_MS="2000")
+            # Away as the run starts: it waits for a broker.
+            await asyncio.to_thread(broker.stop)
             async with esk_process(["project", "run", NAME, "--continuous"], env, log) as project:
-                await wait_for(lambda: [r["total"] for r in _rows(settings)] == [1], timeout_s=300, what="the first row")
+                await wait_for(lambda: "waiting for one" in log.read_text(), timeout_s=120, what="the run to wait")
+                await asyncio.to_thread(broker.start)
+                # Away again as its Spark starts: the catch-up's query gives up, and the run
+                # goes on once the broker is back.
+                await wait_for(lambda: "answers: starting" in log.read_text(), timeout_s=120, what="the run to start")
                 await asyncio.to_thread(broker.stop)
-                await wait_for(lambda: "no Kafka broker answered" in log.read_text(), timeout_s=120, what="the query to give up")
+                await wait_for(lambda: _gave_up(log) == 1, timeout_s=300, what="the catch-up to give up")
+                assert _rows(settings) == [] and project.returncode is None, log.read_text()
+                await asyncio.to_thread(broker.start)
+                await wait_for(lambda: [r["total"] for r in _rows(settings)] == [1], timeout_s=300, what="the first row")
+                # Away while it keeps up.
+                await asyncio.to_thread(broker.stop)
+                await wait_for(lambda: _gave_up(log) == 2, timeout_s=120, what="the query to give up")
                 await asyncio.sleep(2)  # the run waits for a broker
                 assert project.returncode is None, log.read_text()
                 await asyncio.to_thread(broker.start)

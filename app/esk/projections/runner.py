@@ -425,10 +425,22 @@ def _keep(
     with _turn(None if beside else catch_up_turn, stop) as turn_taken:
         if not turn_taken:  # asked to stop during Spark's start, or while it waited its turn
             return summary
-        query = writer().trigger(availableNow=True).start()
+
+        def catch_up() -> StreamingQuery:
+            return writer().trigger(availableNow=True).start()
+
+        query = catch_up()
         try:
-            while _await(query, stop) and not moved_on():
-                pass
+            while True:
+                try:
+                    if not _await(query, stop) or moved_on():
+                        break
+                except CapturedException as error:
+                    if not continuous:
+                        raise  # a one-shot run tells of the outage; its caller runs it again
+                    if not _outage_over(error, settings, stop, console, name):
+                        return summary
+                    query = catch_up()
         except BaseException:  # a caller's Ctrl-C, or the query's failure: no query outlives the run's lock
             query.stop()
             raise
@@ -466,19 +478,9 @@ def _keep(
                     if not _await(query, stop):
                         break
                 except CapturedException as error:
-                    # The query gives up when its broker stays away for a few of its request
-                    # timeouts: it starts again from its checkpoint once one answers, in this
-                    # driver, rather than end the run (and a supervisor start a cold one).
-                    if not _kafka_away(error):
-                        raise
                     gave_up = query
-                    console.print(
-                        f"{name}: no Kafka broker answered ({_first_line(str(error))}): it goes on once one does",
-                        highlight=False,
-                    )
-                    if not _until_kafka_answers(settings, stop):
+                    if not _outage_over(error, settings, stop, console, name):
                         return summary
-                    console.print(f"{name}: Kafka answers again: going on", highlight=False)
                     query = keeping()
                     continue
                 if moved_on():
@@ -964,6 +966,20 @@ _KAFKA_AWAY = re.compile(r"org\.apache\.kafka\.common\.errors\.(TimeoutException
 
 def _kafka_away(error: CapturedException) -> bool:
     return bool(_KAFKA_AWAY.search(str(error)))
+
+
+def _outage_over(error: CapturedException, settings: Settings, stop: StopRequest, console: Console, name: str) -> bool:
+    """A continuous run's query gives up when its broker stays away for a few of its request
+    timeouts: it starts again from its checkpoint once one answers (True), in this driver,
+    rather than end the run and have a supervisor start a cold one. False: a stop was asked
+    meanwhile. Raises `error` when it is not a broker away."""
+    if not _kafka_away(error):
+        raise error
+    console.print(f"{name}: no Kafka broker answered ({_first_line(str(error))}): it goes on once one does", highlight=False)
+    if not _until_kafka_answers(settings, stop):
+        return False
+    console.print(f"{name}: Kafka answers again: going on", highlight=False)
+    return True
 
 
 def _until_kafka_answers(settings: Settings, stop: StopRequest) -> bool:
