@@ -20,7 +20,7 @@ from esk.subscriptions.database import Database, DatabaseConfig
 from esk.subscriptions.database_sink import DatabaseSink, DatabaseUnit, prepare, read_offsets, rewind
 from esk.subscriptions.parking import ParkedEvent, ParkStatus
 from esk.subscriptions.postgres import PostgresDatabase
-from esk.subscriptions.sinks import Fenced
+from esk.subscriptions.sinks import Fenced, first_reasons
 
 TP = TopicPartition("app.orders.events", 0)
 
@@ -244,9 +244,7 @@ async def test_an_aggregates_parked_events_are_read_by_one_unit_at_a_time(member
     first_db, second_db = await member(), await member()
     first, second = DatabaseSink(first_db, ledger, TP), DatabaseSink(second_db, ledger, TP)
     await first.open()
-    parked = [
-        ParkedEvent("ledger", TP.topic, TP.partition, offset, "a", "Placed", "no", 1, b"a", b"{}", []) for offset in (3, 7)
-    ]
+    parked = [_parked("a", offset, "no") for offset in (3, 7)]
     unit = await first.begin()
     for event in parked:
         await unit.park(event)
@@ -271,3 +269,27 @@ async def test_an_aggregates_parked_events_are_read_by_one_unit_at_a_time(member
     assert await asyncio.wait_for(waiting, 10) == []
     await first_db.close()
     await second_db.close()
+
+
+def _parked(aggregate_id: str, offset: int, reason: str) -> ParkedEvent:
+    return ParkedEvent("ledger", TP.topic, TP.partition, offset, aggregate_id, "Placed", reason, 1, aggregate_id.encode(), b"{}", [])
+
+
+async def test_a_partition_opens_knowing_why_each_aggregate_was_parked_first(member: Member) -> None:
+    """What the worker decides from at its start (which aggregates a newer code version may
+    take up), without a transaction per parked aggregate."""
+    database = await member()
+    sink = DatabaseSink(database, ledger, TP)
+    await sink.open()
+    unit = await sink.begin()
+    for event in (_parked("b", 9, "waits behind"), _parked("a", 3, "no"), _parked("a", 7, "waits behind"), _parked("b", 5, "newer")):
+        await unit.park(event)
+    await unit.park(_parked("c", 1, "gone").resolved(ParkStatus.SKIPPED, "test"))
+    await unit.commit(None)
+    assert (await DatabaseSink(database, ledger, TP).open()).parked == {"a": "no", "b": "newer"}
+    await database.close()
+
+
+def test_the_first_reason_of_each_aggregate_is_its_lowest_offsets_still_parked() -> None:
+    events = [_parked("b", 9, "behind"), _parked("a", 3, "skipped").resolved(ParkStatus.SKIPPED, "t"), _parked("a", 7, "a7"), _parked("b", 5, "b5")]
+    assert first_reasons(events) == {"a": "a7", "b": "b5"}

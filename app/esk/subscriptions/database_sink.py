@@ -138,12 +138,15 @@ class DatabaseSink(PartitionSink):
                 self._where(),
             )
             parked = await tx.esk.fetchall(
-                "SELECT DISTINCT aggregate_id FROM esk_parked WHERE subscription = ? AND topic = ? AND kafka_partition = ? "
-                "AND status = ?",
+                "SELECT aggregate_id, reason FROM esk_parked WHERE subscription = ? AND topic = ? AND kafka_partition = ? "
+                "AND status = ? ORDER BY kafka_offset",
                 (*self._where(), ParkStatus.PARKED.value),
             )
         self.expected = None if row is None else int(row[0])
-        return StartingPoint(self.expected, 0 if row is None else int(row[1]), frozenset(str(r[0]) for r in parked))
+        first: dict[str, str] = {}
+        for aggregate_id, reason in parked:  # in offset order: each aggregate's first one stays
+            first.setdefault(str(aggregate_id), str(reason))
+        return StartingPoint(self.expected, 0 if row is None else int(row[1]), first)
 
     async def begin(self) -> Unit:
         return DatabaseUnit(self, await self.database.begin())

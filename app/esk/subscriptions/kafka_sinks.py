@@ -22,18 +22,14 @@ from .api import AnySubscription
 from .parked_topic import ParkedTopic, parked_key
 from .parking import ParkedEvent, ParkStatus
 from .routing import Delivery, Router, call_handler, command_envelope, reactor_commands
-from .sinks import Fenced, PartitionSink, StartingPoint, Unit
+from .sinks import Fenced, PartitionSink, StartingPoint, Unit, first_reasons
 
 
 async def starting_point(consumer: AIOKafkaConsumer, parked_topic: ParkedTopic, tp: TopicPartition) -> StartingPoint:
     """The group's committed offset, and what the parked topic says of the partition."""
     committed = await consumer.committed(tp)
     state = await parked_topic.refresh(parked_topic.partition_of(tp.partition))
-    parked = frozenset(
-        e.aggregate_id
-        for e in state.parked.values()
-        if e.topic == tp.topic and e.partition == tp.partition and e.status is ParkStatus.PARKED
-    )
+    parked = first_reasons(e for e in state.parked.values() if e.topic == tp.topic and e.partition == tp.partition)
     return StartingPoint(committed, state.replay_until.get((tp.topic, tp.partition), 0), parked)
 
 

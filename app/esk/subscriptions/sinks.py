@@ -9,9 +9,10 @@ parked ones and the offset visible together, or none of them.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from .parking import ParkedEvent
+from .parking import ParkedEvent, ParkStatus
 from .routing import Delivery
 
 
@@ -24,7 +25,18 @@ class Fenced(Exception):
 class StartingPoint:
     next_offset: int | None  # None: nothing committed yet, start from the beginning
     replay_until: int = 0  # events below this offset are handled again (a reset's replay)
-    parked: frozenset[str] = field(default_factory=frozenset)  # aggregates with parked events
+    # The aggregates with parked events, each with the reason its first one was parked for.
+    parked: Mapping[str, str] = field(default_factory=dict)
+
+
+def first_reasons(parked: Iterable[ParkedEvent]) -> dict[str, str]:
+    """What StartingPoint.parked holds: of the events still parked, each aggregate's first
+    one's reason."""
+    first: dict[str, ParkedEvent] = {}
+    for event in parked:
+        if event.status is ParkStatus.PARKED and (event.aggregate_id not in first or event.offset < first[event.aggregate_id].offset):
+            first[event.aggregate_id] = event
+    return {aggregate_id: event.reason for aggregate_id, event in first.items()}
 
 
 class Unit(ABC):

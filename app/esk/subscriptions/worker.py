@@ -62,14 +62,15 @@ class PartitionWorker:
         self.next_offset = start.next_offset
         self.replay_until = start.replay_until
         self.parked = set(start.parked)
-        await self._retry_known_versions()
+        await self._retry_known_versions(sorted(key for key, reason in start.parked.items() if reason.startswith(NEWER_VERSION)))
         return start.next_offset
 
-    async def _retry_known_versions(self) -> None:
-        for key in sorted(self.parked):
+    async def _retry_known_versions(self, keys: Sequence[str]) -> None:
+        """`keys`: the aggregates whose first parked event waits for a newer schema version."""
+        for key in keys:
             unit = await self.sink.begin()
             try:
-                parked = await unit.parked_of(key)
+                parked = await unit.parked_of(key)  # as of now: a retry from the command line may have been first
                 if not parked or not parked[0].reason.startswith(NEWER_VERSION) or not _decodes(self.router, parked[0]):
                     await unit.abort()
                     continue
