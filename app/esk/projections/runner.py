@@ -73,6 +73,10 @@ KAFKA_CHECK_S = 5.0  # how long a run waiting for a broker gives one to answer, 
 # it kills (Kubernetes: 30 s). A batch still running then is interrupted, and runs again
 # at the next start (its writes are idempotent).
 STOP_WAIT_S = 20.0
+# And how long the query's stop then waits for its thread, which a Kafka request in flight
+# holds (a broker away: for its whole timeout); then the run ends without it, which the
+# next start's checkpoint makes harmless.
+QUERY_STOP_TIMEOUT_S = 5.0
 # A continuous run waiting for a generation another run keeps says who keeps it this often.
 LOCK_REPORT_EVERY_S = 300.0
 # Every batch adds files, whichever writer wrote it: the runner compacts them (delta-rs, in
@@ -273,6 +277,7 @@ def _keep(
         return summary
     for key, value in DELTA_CONF.items():
         spark.conf.set(key, value)
+    spark.conf.set("spark.sql.streaming.stopTimeout", str(int(QUERY_STOP_TIMEOUT_S * 1000)))
     path = tables.path(name, generation)
     schema = spark.createDataFrame([], projection.columns).schema
     _create_table(spark, path, tables.checkpoint(name, generation), schema, projection.model, not held.building)
@@ -442,7 +447,7 @@ def _keep(
                         return summary
                     query = catch_up()
         except BaseException:  # a caller's Ctrl-C, or the query's failure: no query outlives the run's lock
-            query.stop()
+            _stop(query, console, name)
             raise
         stopped = query.isActive
         if stopped:
@@ -1005,7 +1010,11 @@ def _stop_between_batches(query: StreamingQuery, stop: StopRequest, console: Con
     deadline = time.monotonic() + wait_s
 
     def running() -> bool:
-        return query.isActive and bool(query.status["isTriggerActive"]) and _batch_id(query) == in_flight
+        status = query.status
+        # A trigger still asking Kafka for offsets has done nothing to lose (and with the
+        # broker away, it would ask for all of wait_s).
+        getting_offsets = str(status["message"]).startswith("Getting offsets")
+        return query.isActive and bool(status["isTriggerActive"]) and not getting_offsets and _batch_id(query) == in_flight
 
     ended = False
     try:
@@ -1015,12 +1024,24 @@ def _stop_between_batches(query: StreamingQuery, stop: StopRequest, console: Con
         pass
     # A query that is behind has started its next batch by now: the stop cuts that one short
     # at its start, and it runs again at the next start, as one cut short here does.
-    query.stop()
+    _stop(query, console, name)
     if not ended:
         console.print(f"{name}: stopped in the middle of a batch; it runs again at the next start", highlight=False)
     failure = query.exception()  # a batch that failed meanwhile, not one the stop cut short
     if failure is not None:
         raise failure
+
+
+def _stop(query: StreamingQuery, console: Console, name: str) -> None:
+    try:
+        query.stop()
+    except (Py4JJavaError, CapturedException) as error:
+        if "failed to stop within" not in str(error):
+            raise
+        console.print(
+            f"{name}: the query did not stop within {QUERY_STOP_TIMEOUT_S:.0f}s (a Kafka request in flight): the run ends without it",
+            highlight=False,
+        )
 
 
 def _batch_id(query: StreamingQuery) -> int | None:
