@@ -196,13 +196,16 @@ class DatabaseUnit(Unit):
         await save_parked(self.transaction.esk, event)
 
     async def parked_of(self, aggregate_id: str) -> list[ParkedEvent]:
-        """Held until the unit ends: the update locks the rows, so a retry from the command
-        line and a subscriber opening the partition (PostgreSQL runs them side by side at
-        read committed) cannot both handle them; the one that waits reads what the other
-        left. SQLite's BEGIN IMMEDIATE serializes them already."""
+        """Held until the unit ends: the update locks the first of them, so a retry from the
+        command line and a subscriber opening the partition (PostgreSQL runs them side by
+        side at read committed) cannot both handle them; the one that waits reads what the
+        other left. SQLite's BEGIN IMMEDIATE serializes them already."""
         where = "subscription = ? AND topic = ? AND kafka_partition = ? AND aggregate_id = ? AND status = ?"
         params = (*self.sink._where(), aggregate_id, ParkStatus.PARKED.value)
-        await self.transaction.esk.execute(f"UPDATE esk_parked SET status = status WHERE {where}", params)
+        await self.transaction.esk.execute(
+            f"UPDATE esk_parked SET status = status WHERE {where} AND kafka_offset = (SELECT MIN(kafka_offset) FROM esk_parked WHERE {where})",
+            params + params,
+        )
         rows = await self.transaction.esk.fetchall(f"SELECT {_PARKED_COLUMNS} FROM esk_parked WHERE {where} ORDER BY kafka_offset", params)
         return [_parked_event(row) for row in rows]
 
