@@ -586,7 +586,9 @@ def state_unusable() -> None:
     from the changelog). Their commands are refused until a start of fixed code rebuilds them."""
     from .processing.state_rebuild import unusable_aggregates
 
-    found = asyncio.run(unusable_aggregates(load_settings()))
+    settings = load_settings()
+    require_kafka_access(settings, "reading the changelog")
+    found = asyncio.run(unusable_aggregates(settings))
     for (aggregate_type, aggregate_id), reason in sorted(found.items()):
         console.print(f"{aggregate_type}/{aggregate_id}: {escape(reason)}", highlight=False, soft_wrap=True)
     if not found:
@@ -617,7 +619,7 @@ def subscription_operations(settings: Settings, name: str) -> Any:
     from .subscriptions.operations import SubscriptionOperations
 
     subscription = subscription_named(settings, name)
-    require_kafka_access(settings)
+    require_kafka_access(settings, "looking at or changing a subscription")
     try:
         return SubscriptionOperations(settings, subscription, domain_registry(settings))
     except ValueError as error:

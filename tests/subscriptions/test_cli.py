@@ -129,3 +129,23 @@ def _metric(port: int, name: str) -> float | None:
         return metric_sum(httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text, name)
     except httpx.HTTPError:
         return None
+
+
+@pytest.mark.parametrize(
+    ("args", "needs"),
+    [
+        (("subscriptions", "status", "customer_ledger"), "looking at or changing a subscription"),
+        (("subscriptions", "parked", "customer_ledger"), "looking at or changing a subscription"),
+        (("subscriptions", "retry", "customer_ledger"), "looking at or changing a subscription"),
+        (("state", "unusable"), "reading the changelog"),
+    ],
+)
+def test_an_operation_without_a_broker_is_told_in_one_line(args: tuple[str, ...], needs: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    address = f"127.0.0.1:{free_port()}"  # nothing listens there
+    monkeypatch.setenv("ESK_KAFKA__BOOTSTRAP_SERVERS", address)
+    code, output = esk(*args)
+    assert code == 1
+    assert output.strip().splitlines() == [
+        f"error: no Kafka broker answered at {address}, which {needs} needs: start one "
+        "(`esk broker start`; `esk dev` starts its own), or set ESK_KAFKA__BOOTSTRAP_SERVERS to yours"
+    ]
