@@ -36,6 +36,13 @@ BOOTSTRAP_FAILED = 'Unable connect to "%s:%s": %s'  # ERROR: the same, to a boot
 CONNECTING = "Initiating connection to node %s at %s:%s"  # DEBUG: names a node's address
 RESPONSE = "Response from %s:%d %d: %s"  # DEBUG (aiokafka.conn): a broker answered
 METADATA_FAILED = "Unable to update metadata from %s"  # ERROR: no broker answered; tried again at once
+# What a group member says while its coordinator is away (aiokafka/consumer/group_coordinator.py):
+# it finds the coordinator again, and rejoins the group when its session expired meanwhile.
+COORDINATOR_LOST = {
+    "Heartbeat session expired - marking coordinator dead": "heartbeat session expired",  # ERROR
+    "Marking the coordinator dead (node %s)for group %s.": "group coordinator lost",  # WARNING
+    "Heartbeat failed for group %s: coordinator (node %s) is either not started or not valid": "group coordinator moved",  # WARNING
+}
 
 SUMMARY_INTERVAL_S = 60.0
 # Connection attempts run concurrently (clients, connection groups): one begun before the
@@ -200,6 +207,8 @@ def retried_kind(record: logging.LogRecord) -> str | None:
     metadata update that no broker answered."""
     if record.msg == METADATA_FAILED:
         return "metadata update failed"
+    if isinstance(record.msg, str) and record.msg in COORDINATOR_LOST:
+        return COORDINATOR_LOST[record.msg]
     for arg in record.args if isinstance(record.args, tuple) else ():
         kind = arg if isinstance(arg, type) else type(arg)
         if (issubclass(kind, KafkaError) and getattr(kind, "retriable", False)) or issubclass(kind, OSError | TimeoutError):

@@ -48,6 +48,7 @@ CLIENT = logging.getLogger("aiokafka")  # aiokafka/client.py logs on the package
 CONN = logging.getLogger("aiokafka.conn")
 FETCHER = logging.getLogger("aiokafka.consumer.fetcher")
 SENDER = logging.getLogger("aiokafka.producer.sender")
+COORDINATOR = logging.getLogger("aiokafka.consumer.group_coordinator")
 TOUCHED = ("", "aiokafka", "py4j")
 
 
@@ -161,6 +162,27 @@ def test_retried_errors_with_every_broker_up_are_summed_up_once_a_minute(output:
     first, summary = lines(output)
     assert "the Kafka client retried 1 request (NotLeaderForPartitionError x1), latest: Got error produce response" in first
     assert " WARNING " in summary and "retried 61 requests (NotLeaderForPartitionError x31, RequestTimedOutError x30)" in summary
+
+
+def test_a_group_member_losing_its_coordinator_is_a_retried_error(output: io.StringIO) -> None:
+    """What a consumer in a group says once its broker comes back after its session
+    expired: it finds the coordinator again and rejoins on its own."""
+
+    def coordinator_lost() -> None:
+        COORDINATOR.error("Heartbeat session expired - marking coordinator dead")
+        COORDINATOR.warning("Marking the coordinator dead (node %s)for group %s.", 1, "app.processor")
+        COORDINATOR.warning(
+            "Heartbeat failed for group %s: coordinator (node %s) is either not started or not valid", "app.processor", 1
+        )
+
+    outage_noise(1, 9092, times=1)
+    coordinator_lost()
+    assert len(lines(output)) == 1, "the outage's one line"
+    CONN.debug(RESPONSE, "127.0.0.1", 9092, 8, "MetadataResponse(...)")
+    coordinator_lost()  # said after the broker answered again
+    unreachable, back, summary = lines(output)
+    assert "unreachable" in unreachable and "reachable again" in back
+    assert " WARNING " in summary and "retried 1 request (heartbeat session expired x1)" in summary, summary
 
 
 def test_what_the_client_does_not_retry_and_other_loggers_are_untouched(output: io.StringIO) -> None:
