@@ -21,7 +21,7 @@ from pyspark.sql import functions as F
 import esk
 from domain.accounts import Deposited, accounts
 from esk.broker.ports import free_port
-from esk.projections.runner import ReadModelInvalid, RunFailed, _check_plan, _check_reads
+from esk.projections.runner import ReadModelInvalid, RunFailed, _check_plan, _check_reads, kafka_cause
 from esk.settings import Settings
 from projections.read_models import READ_MODELS
 from tests.counters import Added, counters
@@ -176,3 +176,23 @@ def test_a_batchs_failure_is_told_by_the_read_models_own_exception() -> None:
     )
     java = "An error occurred while calling o123.save.\n: java.io.IOException: No space left on device SQLSTATE: 58030\n\tat ..."
     assert str(RunFailed("ticket_board", RuntimeError(java))) == "ticket_board failed: java.io.IOException: No space left on device"
+
+
+def test_a_broker_away_is_told_by_the_kafka_clients_own_line() -> None:
+    """A batch that failed reading its records: Spark's first line blames the read model's
+    function, the Kafka client's line is deep in the traceback."""
+    spark_said = (
+        "[STREAM_FAILED] Query [id = 7, runId = 8] terminated with exception: [FOREACH_BATCH_USER_FUNCTION_ERROR] An error "
+        "occurred in the user provided function in foreach batch sink. Reason: An exception was raised by the Python Proxy. "
+        "Return Message: Traceback (most recent call last):\n"
+        '  File "/venv/py4j/clientserver.py", line 644, in _call_proxy\n'
+        "py4j.protocol.Py4JJavaError: An error occurred while calling o98.count.\n"
+        ": org.apache.spark.SparkException: Job aborted due to stage failure: Task 0 in stage 3.0 failed 1 times, most recent "
+        "failure: Lost task 0.0 in stage 3.0 (TID 5) (localhost executor driver): "
+        "org.apache.kafka.common.errors.TimeoutException: Timeout of 30000ms expired before the position for partition "
+        "t.orders.events-0 could be determined\n\tat org.apache.kafka.clients.consumer.internals.ClassicKafkaConsumer.position\n"
+    )
+    assert kafka_cause(spark_said) == (
+        "TimeoutException: Timeout of 30000ms expired before the position for partition t.orders.events-0 could be determined"
+    )
+    assert kafka_cause("[STREAM_FAILED] no Kafka in it SQLSTATE: XX000\nmore") == "[STREAM_FAILED] no Kafka in it"

@@ -973,6 +973,16 @@ def _kafka_away(error: CapturedException) -> bool:
     return bool(_KAFKA_AWAY.search(str(error)))
 
 
+def kafka_cause(told: str) -> str:
+    """The Kafka client's own line in a query's failure: a batch that failed reading its
+    records reports it deep in a Python traceback, under a first line that blames the read
+    model's function."""
+    found = _KAFKA_AWAY.search(told)
+    if found is None:
+        return _first_line(told)
+    return told[found.start() :].splitlines()[0].removeprefix("org.apache.kafka.common.errors.")
+
+
 def _outage_over(error: CapturedException, settings: Settings, stop: StopRequest, console: Console, name: str) -> bool:
     """A continuous run's query gives up when its broker stays away for a few of its request
     timeouts: it starts again from its checkpoint once one answers (True), in this driver,
@@ -980,7 +990,7 @@ def _outage_over(error: CapturedException, settings: Settings, stop: StopRequest
     meanwhile. Raises `error` when it is not a broker away."""
     if not _kafka_away(error):
         raise error
-    console.print(f"{name}: no Kafka broker answered ({_first_line(str(error))}): it goes on once one does", highlight=False)
+    console.print(f"{name}: no Kafka broker answered ({kafka_cause(str(error))}): it goes on once one does", highlight=False)
     if not _until_kafka_answers(settings, stop):
         return False
     console.print(f"{name}: Kafka answers again: going on", highlight=False)
