@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 import pytest
 from aiokafka import TopicPartition
 from aiokafka.structs import ConsumerRecord
+from prometheus_client import REGISTRY
 
 from domain.accounts import Deposited, Opened, Withdraw, accounts
 from domain.orders import Cancel, Line, LineAdded, Placed, Shipped, orders
@@ -245,6 +246,9 @@ NEWER_ORDERS = dataclasses.replace(
 )
 
 
+RESULTS = ("parked_newer_version", "parked_behind", "parked", "handled")
+
+
 async def test_events_parked_for_a_newer_schema_version_are_handled_once_the_code_knows_it() -> None:
     """A rolling deployment: the processor's newer code wrote an event version the
     subscriber's code did not know; the subscriber's next version knows it, and takes up
@@ -262,10 +266,17 @@ async def test_events_parked_for_a_newer_schema_version_are_handled_once_the_cod
     worker = PartitionWorker(older, Router(older, {"orders": orders}, "test"), DatabaseSink(database, older, tp), NO_WAIT)
     await worker.open()
     newer = PlacedNewer.schema_version
+
+    def counted() -> list[float]:
+        return [REGISTRY.get_sample_value("esk_subscription_events_total", {"subscription": older.name, "result": r}) or 0.0 for r in RESULTS]
+
+    before = counted()
     await worker.handle([event(0, "o1", 1, placed(), newer), event(1, "o2", 1, placed(), 2), event(2, "o1", 2, ADDED, 1)], 3)
     async with database.transaction() as tx:
         parked = await load_parked(tx.esk, older.name)
     assert [(p.offset, p.reason.split(":")[:2]) for p in parked] == [(0, ["undecodable", " NewerSchemaVersion"]), (2, ["waits behind an earlier parked event of 'o1'"])]
+    # Not counted as `parked`, which alerts: they wait for the newer code, not for someone.
+    assert [after - b for after, b in zip(counted(), before, strict=True)] == [1, 1, 0, 1]
 
     again = PartitionWorker(older, Router(older, {"orders": orders}, "test"), DatabaseSink(database, older, tp), NO_WAIT)
     await again.open()  # the same code again: they stay parked, untouched

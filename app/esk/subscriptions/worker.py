@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 UNDECODABLE = "undecodable: "  # how the reason of an event parked because it does not decode begins
 # ... and of one whose schema version is newer than the code's.
 NEWER_VERSION = f"{UNDECODABLE}{NewerSchemaVersion.__name__}"
+WAITS_BEHIND = "waits behind an earlier parked event of "  # ... and of one parked only for that
 RETRIED_BY = "esk: its schema version is known now"
 
 
@@ -112,7 +113,7 @@ class PartitionWorker:
                     continue
                 key = aggregate_key(record)
                 if key in self.parked and await self._still_parked(unit, key, verified):
-                    await self._park(unit, record, f"waits behind an earlier parked event of {key!r}", 0, verified)
+                    await self._park(unit, record, f"{WAITS_BEHIND}{key!r}", 0, verified)
                     continue
                 try:
                     delivery = self.router.decode(record, route)
@@ -216,7 +217,7 @@ class PartitionWorker:
         event = ParkedEvent.of(self.subscription.name, record, reason, attempts)
         await unit.park(event)
         log.warning("%s: parked %s (%s): %s", self.subscription.name, event.position, event.aggregate_id, reason)
-        SUBSCRIPTION_EVENTS.labels(self.subscription.name, "parked").inc()
+        SUBSCRIPTION_EVENTS.labels(self.subscription.name, parked_result(reason)).inc()
         self.parked.add(event.aggregate_id)
         verified.add(event.aggregate_id)
 
@@ -226,6 +227,18 @@ class PartitionWorker:
         if self._uncounted:
             self._handled.inc(self._uncounted)
             self._uncounted = 0
+
+
+def parked_result(reason: str) -> str:
+    """The `result` of esk_subscription_events_total an event parked for `reason` counts
+    under. Only `parked` needs someone (its handler failed every attempt, or it does not
+    decode): the others wait for the event before them, or for this subscriber to run the
+    code that wrote them, as a rolling deployment does for a while."""
+    if reason.startswith(NEWER_VERSION):
+        return "parked_newer_version"
+    if reason.startswith(WAITS_BEHIND):
+        return "parked_behind"
+    return "parked"
 
 
 async def resolve_parked(
