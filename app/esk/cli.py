@@ -494,9 +494,17 @@ def _warn_of_stored_events_broken(registry: Registry) -> None:
 
 def stored_events_broken(registry: Registry, lock: Lock) -> list[Finding]:
     """What `esk schema check` finds in the code that breaks the events stored under `lock`."""
-    from .schema.check import Severity, check
+    from .schema.check import check
 
-    return [f for f in check(registry, lock) if f.severity is Severity.BREAKING and f.subject in ("aggregate", "event")]
+    return [f for f in check(registry, lock) if breaks_stored_events(f)]
+
+
+def breaks_stored_events(finding: Finding) -> bool:
+    """A breaking finding that `esk schema lock` refuses: a lock cannot make the events
+    stored under the old one readable again (a command change only breaks clients)."""
+    from .schema.check import Severity
+
+    return finding.severity is Severity.BREAKING and finding.subject in ("aggregate", "event")
 
 
 @schema_cli.command("lock")
@@ -555,10 +563,14 @@ def schema_check(file: LockFileOption = LOCK_FILE) -> None:
             console.print(f"  {escape(str(finding))}", highlight=False, soft_wrap=True)
     breaking = sum(f.severity is Severity.BREAKING for f in findings)
     if breaking:
-        raise fail(
-            f"{breaking} breaking {'change' if breaking == 1 else 'changes'} against {file} "
-            "(a command change meant to break clients is accepted by running `esk schema lock`)"
-        )
+        stored = sum(breaks_stored_events(f) for f in findings)
+        if stored == 0:
+            what = "a command change meant to break clients is accepted by running `esk schema lock`"
+        elif stored == breaking:
+            what = "they break the events stored under it: mend the code, as `esk schema lock` refuses them"
+        else:
+            what = f"{stored} of them break the events stored under it: mend the code, as `esk schema lock` refuses them"
+        raise fail(f"{breaking} breaking {'change' if breaking == 1 else 'changes'} against {file} ({what})")
     console.print(f"{file}: no breaking change" if findings else f"{file}: the code matches it", highlight=False)
 
 

@@ -146,6 +146,19 @@ def test_the_upcasters_are_run_not_trusted() -> None:
     assert "field `amount`: Input should be" in str(finding)
 
 
+def test_an_upcaster_no_stored_event_could_reach_is_refused_at_once() -> None:
+    class Deposited(Event):
+        schema_version = 2
+        amount: int
+
+    with pytest.raises(ValueError, match=r"the upcaster \('Deposited', 2\) would take v2 to v3, but Deposited is v2: .* \(1 to 1\)"):
+        wallets(events=[Opened, Deposited], upcasters={("Deposited", 1): lambda d: d, ("Deposited", 2): lambda d: d})
+    with pytest.raises(ValueError, match=r"\('Opened', 1\) .* Opened is v1: .* \(none for a v1 event\)"):
+        wallets(events=[Opened, Deposited], upcasters={("Deposited", 1): lambda d: d, ("Opened", 1): lambda d: d})
+    with pytest.raises(ValueError, match="an upcaster for 'Withdrawn', which is none of its events"):
+        wallets(events=[Opened, Deposited], upcasters={("Deposited", 1): lambda d: d, ("Withdrawn", 1): lambda d: d})
+
+
 def test_an_upcaster_that_raises_is_breaking() -> None:
     class Opened(Event):
         schema_version = 2
@@ -501,7 +514,10 @@ def test_the_command_line_locks_and_checks(tmp_path: Path) -> None:
     changed = esk(tmp_path, "check")
     assert changed.returncode == 1
     assert "tills event Opened: new required field `currency`, but schema_version is still 1" in changed.stdout
-    assert "1 breaking change against esk.lock.json" in changed.stderr
+    assert changed.stderr.strip() == (
+        "error: 1 breaking change against esk.lock.json (they break the events stored under it: mend the code, as "
+        "`esk schema lock` refuses them)"
+    )
     # nor can a new lock take it: the events stored under the old one stay as they are
     before = (tmp_path / "esk.lock.json").read_text()
     refused = esk(tmp_path, "lock")
@@ -525,12 +541,18 @@ def test_a_lock_takes_a_command_change_and_with_force_an_event_change(tmp_path: 
     assert esk(tmp_path, "lock").returncode == 0
     # a command change that breaks clients is taken by a new lock, as the check says
     write_domain(tmp_path, V1.replace("class Open(Command):\n        owner: str", "class Open(Command):\n        owner: str\n        till: str"))
-    assert esk(tmp_path, "check").returncode == 1
+    checked = esk(tmp_path, "check")
+    assert checked.returncode == 1
+    assert checked.stderr.strip().endswith("(a command change meant to break clients is accepted by running `esk schema lock`)")
     assert esk(tmp_path, "lock").returncode == 0
     assert esk(tmp_path, "check").stdout.strip() == "esk.lock.json: the code matches it"
     # an event's change under its version only with --force (no such event was ever stored)
     write_domain(tmp_path, V1.replace("class Opened(Event):\n        owner: str", "class Opened(Event):\n        name: str")
                  .replace("Opened(owner=command.owner)", "Opened(name=command.owner)").replace("Till(owner=event.owner)", "Till(owner=event.name)"))
+    checked = esk(tmp_path, "check")
+    assert checked.stderr.strip().endswith(
+        "(2 of them break the events stored under it: mend the code, as `esk schema lock` refuses them)"
+    ), checked.stderr
     assert esk(tmp_path, "lock").returncode == 1
     forced = esk(tmp_path, "lock", "--force")
     assert forced.returncode == 0, forced.stderr

@@ -97,8 +97,23 @@ class AggregateType(Generic[S]):
             raise ValueError(f"creating commands not among the commands: {unknown}")
         object.__setattr__(self, "_events_by_name", {e.type_name(): e for e in self.events})
         object.__setattr__(self, "_event_types", frozenset(self.events))
+        for type_name, version in self.upcasters:
+            self._check_upcaster(type_name, version)
         schema = orjson.dumps(self.state.model_json_schema(), option=orjson.OPT_SORT_KEYS)
         object.__setattr__(self, "_state_shape", hashlib.sha256(schema).hexdigest()[:16])
+
+    def _check_upcaster(self, type_name: str, version: int) -> None:
+        """An upcaster no stored event could ever reach is a mistake (a key one version too
+        high, a renamed event), not something to find when an old event fails to read."""
+        model = self._events_by_name.get(type_name)
+        if model is None:
+            raise ValueError(f"{self.name}: an upcaster for {type_name!r}, which is none of its events")
+        if not 1 <= version < model.schema_version:
+            keys = f"1 to {model.schema_version - 1}" if model.schema_version > 1 else "none for a v1 event"
+            raise ValueError(
+                f"{self.name}: the upcaster ({type_name!r}, {version}) would take v{version} to v{version + 1}, but {type_name} "
+                f"is v{model.schema_version}: an upcaster is keyed by the version it reads ({keys})"
+            )
 
     # -- commands --------------------------------------------------------------
 
