@@ -90,7 +90,7 @@ class PartitionWorker:
                 continue
             await unit.commit(None)
             self.parked.discard(key)
-            log.warning("%s: %s's %d events parked for a schema version the code knows now are handled", self.subscription.name, key, len(resolved))
+            log.info("%s: %s's %d events parked for a schema version the code knows now are handled", self.subscription.name, key, len(resolved))
 
     async def close(self) -> None:
         await self.sink.close()
