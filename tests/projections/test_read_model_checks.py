@@ -4,11 +4,12 @@ with a writer that writes nothing (runner._check_plan, catalog.PlanCheck). Spark
 
 from __future__ import annotations
 
+import io
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -17,11 +18,13 @@ pytest.importorskip("pyspark")
 from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
+from rich.console import Console
 
 import esk
 from domain.accounts import Deposited, accounts
 from esk.broker.ports import free_port
-from esk.projections.runner import ReadModelInvalid, RunFailed, _check_plan, _check_reads, kafka_cause
+from esk.projections import runner
+from esk.projections.runner import STALL_CHECK_S, ReadModelInvalid, RunFailed, _check_plan, _check_reads, kafka_cause
 from esk.settings import Settings
 from projections.read_models import READ_MODELS
 from tests.counters import Added, counters
@@ -196,3 +199,49 @@ def test_a_broker_away_is_told_by_the_kafka_clients_own_line() -> None:
         "TimeoutException: Timeout of 30000ms expired before the position for partition t.orders.events-0 could be determined"
     )
     assert kafka_cause("[STREAM_FAILED] no Kafka in it SQLSTATE: XX000\nmore") == "[STREAM_FAILED] no Kafka in it"
+
+
+class _Query:
+    """What _StalledBatch reads of a streaming query."""
+
+    def __init__(self) -> None:
+        self.status: dict[str, Any] = {"isTriggerActive": False}
+        self.lastProgress: dict[str, Any] | None = None
+
+
+def test_a_batch_stalled_for_want_of_a_broker_is_told_once_and_its_end_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [1000.0]
+    answers = [True]
+    asked: list[float] = []
+
+    def broker_answers(_settings: Settings) -> bool:
+        asked.append(clock[0])
+        return answers[0]
+
+    monkeypatch.setattr(runner.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(runner, "_broker_answers", broker_answers)
+    said = io.StringIO()
+    watch = runner._StalledBatch(Settings(_env_file=None), Console(file=said, width=300), "totals")
+    query = _Query()
+
+    def look(after_s: float) -> None:
+        clock[0] += after_s
+        watch.look(query)  # type: ignore[arg-type]
+
+    look(0)
+    query.status["isTriggerActive"] = True
+    look(STALL_CHECK_S - 1)  # a batch in flight, not for long yet
+    look(2)  # long: a broker answers, so it is only a long batch
+    answers[0] = False
+    look(1)  # asked at most once per STALL_CHECK_S
+    assert len(asked) == 1 and said.getvalue() == ""
+    look(STALL_CHECK_S)
+    look(STALL_CHECK_S)
+    assert said.getvalue().splitlines() == [f"totals: a batch has waited {2 * STALL_CHECK_S + 2:.0f}s and no Kafka broker answers: it goes on once one does"]
+    assert len(asked) == 2, "told once: not asked again"
+    query.lastProgress = {"batchId": 7}  # it went through
+    look(1)
+    assert said.getvalue().splitlines()[-1] == "totals: Kafka answers again: the batch went through"
+    answers[0] = True
+    look(STALL_CHECK_S + 1)  # the next batch: watched afresh
+    assert len(asked) == 3 and len(said.getvalue().splitlines()) == 2

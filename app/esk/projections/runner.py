@@ -69,6 +69,8 @@ RETIRE_EVERY_S = 60.0  # and looks this often for generations readers left long 
 LAG_REPORT_EVERY_S = 10  # and looks at its lag this often, to log it when it changed
 POLL_S = 1  # seconds: how soon a run notices it is asked to stop
 KAFKA_CHECK_S = 5.0  # how long a run waiting for a broker gives one to answer, each time
+# A batch in flight this long makes a run ask whether a broker answers (once per this long).
+STALL_CHECK_S = 30.0
 # How long a stop waits for the batch in flight: below the grace a supervisor gives before
 # it kills (Kubernetes: 30 s). A batch still running then is interrupted, and runs again
 # at the next start (its writes are idempotent).
@@ -435,11 +437,13 @@ def _keep(
             return writer().trigger(availableNow=True).start()
 
         query = catch_up()
+        stalled = _StalledBatch(settings, console, name)
         try:
             while True:
                 try:
                     if not _await(query, stop) or moved_on():
                         break
+                    stalled.look(query)
                 except CapturedException as error:
                     if not continuous:
                         raise  # a one-shot run tells of the outage; its caller runs it again
@@ -490,6 +494,7 @@ def _keep(
                     continue
                 if moved_on():
                     break
+                stalled.look(query)
                 if time.monotonic() - reported > report_every_s:
                     lag = _lag(query.lastProgress)
                     if lag != summary.lag:  # a read model that keeps up says so once, not every few seconds
@@ -1000,15 +1005,51 @@ def _outage_over(error: CapturedException, settings: Settings, stop: StopRequest
 def _until_kafka_answers(settings: Settings, stop: StopRequest) -> bool:
     """Waits until a broker answers (True), or a stop is asked (False)."""
     while not stop.asked.is_set():
-        try:
-            if asyncio.run(asyncio.wait_for(check_access(settings), KAFKA_CHECK_S)):
-                return True
-        except TimeoutError:  # a host that drops packets: a stop is still seen within seconds
-            pass
-        except KafkaAccessError:  # refused (TLS, SASL): told once more by the query's next failure
+        if _broker_answers(settings):
             return True
         stop.asked.wait(POLL_S)
     return False
+
+
+def _broker_answers(settings: Settings) -> bool:
+    try:
+        return asyncio.run(asyncio.wait_for(check_access(settings), KAFKA_CHECK_S))
+    except TimeoutError:  # a host that drops packets: a stop is still seen within seconds
+        return False
+    except KafkaAccessError:  # refused (TLS, SASL): told once more by the query's next failure
+        return True
+
+
+class _StalledBatch:
+    """Says once when a batch has been in flight STALL_CHECK_S and no broker answers, and
+    once when it has ended: the query itself says nothing until its Kafka requests have
+    retried for as long as their timeouts allow, minutes later, or until the broker is back."""
+
+    def __init__(self, settings: Settings, console: Console, name: str) -> None:
+        self.settings = settings
+        self.console = console
+        self.name = name
+        self._finished: int | None = None  # the query's last finished batch, as last seen
+        self._since = self._checked = time.monotonic()
+        self._told = False
+
+    def look(self, query: StreamingQuery) -> None:
+        now = time.monotonic()
+        finished = _batch_id(query)
+        if finished != self._finished or not query.status["isTriggerActive"]:
+            if self._told and finished != self._finished:
+                self.console.print(f"{self.name}: Kafka answers again: the batch went through", highlight=False)
+            self._finished, self._since, self._told = finished, now, False
+            return
+        if self._told or now - self._since < STALL_CHECK_S or now - self._checked < STALL_CHECK_S:
+            return
+        self._checked = now
+        if not _broker_answers(self.settings):
+            self._told = True
+            self.console.print(
+                f"{self.name}: a batch has waited {now - self._since:.0f}s and no Kafka broker answers: it goes on once one does",
+                highlight=False,
+            )
 
 
 def _stop_between_batches(query: StreamingQuery, stop: StopRequest, console: Console, name: str, wait_s: float = STOP_WAIT_S) -> None:
