@@ -567,7 +567,8 @@ def schema_check(file: LockFileOption = LOCK_FILE) -> None:
         if stored == 0:
             what = "a command change meant to break clients is accepted by running `esk schema lock`"
         elif stored == breaking:
-            what = "they break the events stored under it: mend the code, as `esk schema lock` refuses them"
+            they = "it breaks" if breaking == 1 else "they break"
+            what = f"{they} the events stored under it: mend the code, as `esk schema lock` refuses {'it' if breaking == 1 else 'them'}"
         else:
             what = f"{stored} of them break the events stored under it: mend the code, as `esk schema lock` refuses them"
         raise fail(f"{breaking} breaking {'change' if breaking == 1 else 'changes'} against {file} ({what})")

@@ -24,7 +24,7 @@ import esk
 from domain.accounts import Deposited, accounts
 from esk.broker.ports import free_port
 from esk.projections import runner
-from esk.projections.runner import STALL_CHECK_S, ReadModelInvalid, RunFailed, _check_plan, _check_reads, kafka_cause
+from esk.projections.runner import STALL_CHECK_S, ReadModelInvalid, RunFailed, _check_plan, _check_reads, _kafka_cause
 from esk.settings import Settings
 from projections.read_models import READ_MODELS
 from tests.counters import Added, counters
@@ -195,10 +195,15 @@ def test_a_broker_away_is_told_by_the_kafka_clients_own_line() -> None:
         "org.apache.kafka.common.errors.TimeoutException: Timeout of 30000ms expired before the position for partition "
         "t.orders.events-0 could be determined\n\tat org.apache.kafka.clients.consumer.internals.ClassicKafkaConsumer.position\n"
     )
-    assert kafka_cause(spark_said) == (
+    assert _kafka_cause(spark_said) == (
         "TimeoutException: Timeout of 30000ms expired before the position for partition t.orders.events-0 could be determined"
     )
-    assert kafka_cause("[STREAM_FAILED] no Kafka in it SQLSTATE: XX000\nmore") == "[STREAM_FAILED] no Kafka in it"
+    assert _kafka_cause("[STREAM_FAILED] no Kafka in it SQLSTATE: XX000\nmore") == "[STREAM_FAILED] no Kafka in it"
+    # a one-shot run, which does not wait for the broker, says so in its failure
+    assert str(RunFailed("ticket_board", RuntimeError(spark_said))) == (
+        "ticket_board failed: no Kafka broker answered (TimeoutException: Timeout of 30000ms expired before the position "
+        "for partition t.orders.events-0 could be determined)"
+    )
 
 
 class _Query:

@@ -515,8 +515,8 @@ def test_the_command_line_locks_and_checks(tmp_path: Path) -> None:
     assert changed.returncode == 1
     assert "tills event Opened: new required field `currency`, but schema_version is still 1" in changed.stdout
     assert changed.stderr.strip() == (
-        "error: 1 breaking change against esk.lock.json (they break the events stored under it: mend the code, as "
-        "`esk schema lock` refuses them)"
+        "error: 1 breaking change against esk.lock.json (it breaks the events stored under it: mend the code, as "
+        "`esk schema lock` refuses it)"
     )
     # nor can a new lock take it: the events stored under the old one stay as they are
     before = (tmp_path / "esk.lock.json").read_text()

@@ -20,7 +20,7 @@ from esk.subscriptions.database import Database, DatabaseConfig
 from esk.subscriptions.database_sink import DatabaseSink, DatabaseUnit, prepare, read_offsets, rewind
 from esk.subscriptions.parking import ParkedEvent, ParkStatus
 from esk.subscriptions.postgres import PostgresDatabase
-from esk.subscriptions.sinks import Fenced, first_reasons
+from esk.subscriptions.sinks import Fenced, Unit, first_reasons
 
 TP = TopicPartition("app.orders.events", 0)
 
@@ -238,11 +238,11 @@ async def test_a_failing_event_is_undone_alone_and_its_aggregate_parked_in_order
     await run.close()
 
 
-async def test_an_aggregates_parked_events_are_read_by_one_unit_at_a_time(member: Member) -> None:
-    """A retry from the command line and a subscriber opening the partition, each in its
-    own transaction: the second waits for the first and finds nothing left to handle."""
-    first_db, second_db = await member(), await member()
-    first, second = DatabaseSink(first_db, ledger, TP), DatabaseSink(second_db, ledger, TP)
+async def test_an_aggregates_parked_events_are_resolved_by_one_unit_at_a_time(member: Member) -> None:
+    """Retries from the command line and subscribers opening the partition, each in a
+    transaction of its own: the next waits for the one before and finds what it left."""
+    first_db, second_db, third_db = await member(), await member(), await member()
+    first, second, third = (DatabaseSink(db, ledger, TP) for db in (first_db, second_db, third_db))
     await first.open()
     parked = [_parked("a", offset, "no") for offset in (3, 7)]
     unit = await first.begin()
@@ -251,24 +251,31 @@ async def test_an_aggregates_parked_events_are_read_by_one_unit_at_a_time(member
     await unit.commit(None)
 
     resolving = await first.begin()
-    assert [p.offset for p in await resolving.parked_of("a")] == [3, 7]
+    assert [p.offset for p in await resolving.parked_to_resolve("a")] == [3, 7]
 
-    async def read_by_second() -> list[ParkedEvent]:
-        unit = await second.begin()
-        try:
-            return await unit.parked_of("a")
-        finally:
-            await unit.abort()
+    async def take(sink: DatabaseSink) -> tuple[Unit, list[ParkedEvent]]:
+        unit = await sink.begin()
+        return unit, await unit.parked_to_resolve("a")
 
-    waiting = asyncio.create_task(read_by_second())
+    waiting = asyncio.create_task(take(second))
     await asyncio.sleep(1.0)
     assert not waiting.done()
-    for event in parked:
-        await resolving.park(event.resolved(ParkStatus.RETRIED, "test"))
+    await resolving.park(parked[0].resolved(ParkStatus.RETRIED, "test"))  # 7 failed again: it stays parked
     await resolving.commit(None)
-    assert await asyncio.wait_for(waiting, 10) == []
-    await first_db.close()
-    await second_db.close()
+    second_unit, left = await asyncio.wait_for(waiting, 10)
+    assert [p.offset for p in left] == [7]
+
+    # The second holds what was left, though the row it waited for is resolved.
+    third_waiting = asyncio.create_task(take(third))
+    await asyncio.sleep(1.0)
+    assert not third_waiting.done()
+    await second_unit.park(left[0].resolved(ParkStatus.SKIPPED, "test"))
+    await second_unit.commit(None)
+    third_unit, nothing = await asyncio.wait_for(third_waiting, 10)
+    assert nothing == []
+    await third_unit.abort()
+    for db in (first_db, second_db, third_db):
+        await db.close()
 
 
 def _parked(aggregate_id: str, offset: int, reason: str) -> ParkedEvent:
@@ -290,6 +297,5 @@ async def test_a_partition_opens_knowing_why_each_aggregate_was_parked_first(mem
     await database.close()
 
 
-def test_the_first_reason_of_each_aggregate_is_its_lowest_offsets_still_parked() -> None:
-    events = [_parked("b", 9, "behind"), _parked("a", 3, "skipped").resolved(ParkStatus.SKIPPED, "t"), _parked("a", 7, "a7"), _parked("b", 5, "b5")]
-    assert first_reasons(events) == {"a": "a7", "b": "b5"}
+def test_the_first_reason_of_each_aggregate_is_its_lowest_offsets() -> None:
+    assert first_reasons([("b", 9, "behind"), ("a", 7, "a7"), ("b", 5, "b5"), ("a", 8, "a8")]) == {"a": "a7", "b": "b5"}

@@ -450,7 +450,7 @@ def _keep(
                     if not _outage_over(error, settings, stop, console, name):
                         return summary
                     query = catch_up()
-        except BaseException:  # a caller's Ctrl-C, or the query's failure: no query outlives the run's lock
+        except BaseException:  # a caller's Ctrl-C, or the query's failure: no query outlives the run's lock (_stop)
             _stop(query, console, name)
             raise
         stopped = query.isActive
@@ -477,7 +477,7 @@ def _keep(
             return writer().trigger(processingTime=f"{settings.projections.trigger_interval_s} seconds").start()
 
         query = keeping()
-        gave_up: StreamingQuery | None = None  # failed for want of a broker: nothing to stop
+        gave_up: StreamingQuery | None = None  # failed: nothing to stop
         report_every_s = max(LAG_REPORT_EVERY_S, round(settings.projections.trigger_interval_s * 2))
         reported = vacuumed = retired = time.monotonic()
         retiring = _retire_beside(tables, name, kept_s, console)
@@ -531,6 +531,8 @@ class RunFailed(Exception):
                 f"spark-submit job with `{name} --rebuild`), which builds its table again from the events, "
                 "as a continuous run does on its own"
             )
+        elif _kafka_away(error):
+            message = f"{name} failed: no Kafka broker answered ({_kafka_cause(str(error))})"
         else:
             message = f"{name} failed: {_in_a_line(error)}"
         super().__init__(message)
@@ -974,11 +976,11 @@ def _turn(lock: threading.Lock | None, stop: StopRequest) -> Iterator[bool]:
 _KAFKA_AWAY = re.compile(r"org\.apache\.kafka\.common\.errors\.(TimeoutException|DisconnectException|NetworkException)")
 
 
-def _kafka_away(error: CapturedException) -> bool:
+def _kafka_away(error: BaseException) -> bool:
     return bool(_KAFKA_AWAY.search(str(error)))
 
 
-def kafka_cause(told: str) -> str:
+def _kafka_cause(told: str) -> str:
     """The Kafka client's own line in a query's failure: a batch that failed reading its
     records reports it deep in a Python traceback, under a first line that blames the read
     model's function."""
@@ -995,7 +997,7 @@ def _outage_over(error: CapturedException, settings: Settings, stop: StopRequest
     meanwhile. Raises `error` when it is not a broker away."""
     if not _kafka_away(error):
         raise error
-    console.print(f"{name}: no Kafka broker answered ({kafka_cause(str(error))}): it goes on once one does", highlight=False)
+    console.print(f"{name}: no Kafka broker answered ({_kafka_cause(str(error))}): it goes on once one does", highlight=False)
     if not _until_kafka_answers(settings, stop):
         return False
     console.print(f"{name}: Kafka answers again: going on", highlight=False)
@@ -1084,13 +1086,16 @@ def _stop_between_batches(query: StreamingQuery, stop: StopRequest, console: Con
 
 
 def _stop(query: StreamingQuery, console: Console, name: str) -> None:
+    """Stops the query, or leaves it after QUERY_STOP_TIMEOUT_S: its batches are idempotent
+    (Delta's transaction ids), so one that ends after the run's lock was let go is harmless."""
     try:
         query.stop()
     except (Py4JJavaError, CapturedException) as error:
         if "failed to stop within" not in str(error):
             raise
         console.print(
-            f"{name}: the query did not stop within {QUERY_STOP_TIMEOUT_S:.0f}s (a Kafka request in flight): the run ends without it",
+            f"{name}: the query did not stop within {QUERY_STOP_TIMEOUT_S:.0f}s (its thread still in a call, a Kafka request or a "
+            "write): the run ends without it, and a batch it may still finish is written once, as at a restart",
             highlight=False,
         )
 

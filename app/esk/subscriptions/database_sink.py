@@ -16,7 +16,7 @@ from .api import DatabaseHandler
 from .database import Database, Row, Sql, Transaction
 from .parking import ParkedEvent, ParkStatus
 from .routing import Delivery, call_handler
-from .sinks import Fenced, PartitionSink, StartingPoint, Unit
+from .sinks import Fenced, PartitionSink, StartingPoint, Unit, first_reasons
 
 # Portable SQL (SQLite and PostgreSQL alike), with `?` placeholders.
 ESK_TABLES = (
@@ -44,11 +44,16 @@ ESK_TABLES = (
         record_value BYTEA,
         record_headers TEXT NOT NULL,
         PRIMARY KEY (subscription, topic, kafka_partition, kafka_offset))""",
+    # An aggregate's parked events: looked up as each of its events arrives, and resolved
+    # ones are kept (the record of who retried or skipped them).
+    "CREATE INDEX IF NOT EXISTS esk_parked_aggregate ON esk_parked (subscription, topic, kafka_partition, aggregate_id)",
 )
 _PARKED_COLUMNS = (
     "subscription, topic, kafka_partition, kafka_offset, aggregate_id, event_type, status, reason, attempts, "
     "parked_at, resolved_by, resolved_at, record_key, record_value, record_headers"
 )
+# One aggregate's parked events in one partition (DatabaseUnit._parked gives the values).
+_AGGREGATE_PARKED = "subscription = ? AND topic = ? AND kafka_partition = ? AND aggregate_id = ? AND status = ?"
 _HEADERS = msgspec.json.Encoder()
 _HEADERS_DECODER = msgspec.json.Decoder(list[tuple[str, bytes]])
 
@@ -138,14 +143,12 @@ class DatabaseSink(PartitionSink):
                 self._where(),
             )
             parked = await tx.esk.fetchall(
-                "SELECT aggregate_id, reason FROM esk_parked WHERE subscription = ? AND topic = ? AND kafka_partition = ? "
-                "AND status = ? ORDER BY kafka_offset",
+                "SELECT aggregate_id, kafka_offset, reason FROM esk_parked WHERE subscription = ? AND topic = ? "
+                "AND kafka_partition = ? AND status = ?",
                 (*self._where(), ParkStatus.PARKED.value),
             )
         self.expected = None if row is None else int(row[0])
-        first: dict[str, str] = {}
-        for aggregate_id, reason in parked:  # in offset order: each aggregate's first one stays
-            first.setdefault(str(aggregate_id), str(reason))
+        first = first_reasons((str(aggregate_id), int(offset), str(reason)) for aggregate_id, offset, reason in parked)
         return StartingPoint(self.expected, 0 if row is None else int(row[1]), first)
 
     async def begin(self) -> Unit:
@@ -196,18 +199,29 @@ class DatabaseUnit(Unit):
         await save_parked(self.transaction.esk, event)
 
     async def parked_of(self, aggregate_id: str) -> list[ParkedEvent]:
-        """Held until the unit ends: the update locks the first of them, so a retry from the
-        command line and a subscriber opening the partition (PostgreSQL runs them side by
-        side at read committed) cannot both handle them; the one that waits reads what the
-        other left. SQLite's BEGIN IMMEDIATE serializes them already."""
-        where = "subscription = ? AND topic = ? AND kafka_partition = ? AND aggregate_id = ? AND status = ?"
-        params = (*self.sink._where(), aggregate_id, ParkStatus.PARKED.value)
-        await self.transaction.esk.execute(
-            f"UPDATE esk_parked SET status = status WHERE {where} AND kafka_offset = (SELECT MIN(kafka_offset) FROM esk_parked WHERE {where})",
-            params + params,
-        )
-        rows = await self.transaction.esk.fetchall(f"SELECT {_PARKED_COLUMNS} FROM esk_parked WHERE {where} ORDER BY kafka_offset", params)
+        rows = await self.transaction.esk.fetchall(f"SELECT {_PARKED_COLUMNS} FROM esk_parked WHERE {_AGGREGATE_PARKED} ORDER BY kafka_offset", self._parked(aggregate_id))
         return [_parked_event(row) for row in rows]
+
+    async def parked_to_resolve(self, aggregate_id: str) -> list[ParkedEvent]:
+        """A retry from the command line and a subscriber opening the partition run side by
+        side (PostgreSQL: at read committed): the update locks the first parked event, so
+        the one that comes second waits, then reads what the first left. When the first
+        left some parked, the row the second waited for is no longer the first, and the
+        update locked nothing: it locks the new first one. SQLite's BEGIN IMMEDIATE
+        serializes them already."""
+        params = self._parked(aggregate_id)
+        while True:
+            locked = await self.transaction.esk.execute(
+                f"UPDATE esk_parked SET status = status WHERE {_AGGREGATE_PARKED} AND kafka_offset = "
+                f"(SELECT MIN(kafka_offset) FROM esk_parked WHERE {_AGGREGATE_PARKED})",
+                params + params,
+            )
+            parked = await self.parked_of(aggregate_id)
+            if locked or not parked:
+                return parked
+
+    def _parked(self, aggregate_id: str) -> tuple[str, str, int, str, str]:
+        return (*self.sink._where(), aggregate_id, ParkStatus.PARKED.value)
 
     async def commit(self, next_offset: int | None) -> None:
         self._over = True

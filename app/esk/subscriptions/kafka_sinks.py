@@ -29,7 +29,11 @@ async def starting_point(consumer: AIOKafkaConsumer, parked_topic: ParkedTopic, 
     """The group's committed offset, and what the parked topic says of the partition."""
     committed = await consumer.committed(tp)
     state = await parked_topic.refresh(parked_topic.partition_of(tp.partition))
-    parked = first_reasons(e for e in state.parked.values() if e.topic == tp.topic and e.partition == tp.partition)
+    parked = first_reasons(
+        (e.aggregate_id, e.offset, e.reason)
+        for e in state.parked.values()
+        if e.topic == tp.topic and e.partition == tp.partition and e.status is ParkStatus.PARKED
+    )
     return StartingPoint(committed, state.replay_until.get((tp.topic, tp.partition), 0), parked)
 
 

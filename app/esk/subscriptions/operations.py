@@ -153,7 +153,7 @@ class SubscriptionOperations:
             for aggregate_id in aggregates:
                 unit = await sink.begin()
                 try:
-                    parked = await unit.parked_of(aggregate_id)  # as of now, after the fencing
+                    parked = await unit.parked_to_resolve(aggregate_id)  # as of now, after the fencing
                     resolved, still_parked = await resolve_parked(unit, self.router, parked, status, by)
                 except BaseException:
                     await unit.abort()

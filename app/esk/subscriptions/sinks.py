@@ -12,7 +12,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from .parking import ParkedEvent, ParkStatus
+from .parking import ParkedEvent
 from .routing import Delivery
 
 
@@ -29,14 +29,14 @@ class StartingPoint:
     parked: Mapping[str, str] = field(default_factory=dict)
 
 
-def first_reasons(parked: Iterable[ParkedEvent]) -> dict[str, str]:
-    """What StartingPoint.parked holds: of the events still parked, each aggregate's first
-    one's reason."""
-    first: dict[str, ParkedEvent] = {}
-    for event in parked:
-        if event.status is ParkStatus.PARKED and (event.aggregate_id not in first or event.offset < first[event.aggregate_id].offset):
-            first[event.aggregate_id] = event
-    return {aggregate_id: event.reason for aggregate_id, event in first.items()}
+def first_reasons(parked: Iterable[tuple[str, int, str]]) -> dict[str, str]:
+    """What StartingPoint.parked holds, from the (aggregate id, offset, reason) of each
+    event still parked: each aggregate's first one's reason."""
+    first: dict[str, tuple[int, str]] = {}
+    for aggregate_id, offset, reason in parked:
+        if aggregate_id not in first or offset < first[aggregate_id][0]:
+            first[aggregate_id] = (offset, reason)
+    return {aggregate_id: reason for aggregate_id, (_, reason) in first.items()}
 
 
 class Unit(ABC):
@@ -58,6 +58,12 @@ class Unit(ABC):
         """This partition's events of the aggregate that are parked now, in order, as the
         store has them (a retry or skip from the command line may have resolved some since
         the partition started)."""
+
+    async def parked_to_resolve(self, aggregate_id: str) -> list[ParkedEvent]:
+        """`parked_of`, for a unit that will resolve them: no other unit resolves them until
+        this one ends. The Kafka kinds' open fenced whoever else could; a database's
+        transactions need a lock."""
+        return await self.parked_of(aggregate_id)
 
     @abstractmethod
     async def commit(self, next_offset: int | None) -> None:

@@ -71,7 +71,7 @@ class PartitionWorker:
         for key in keys:
             unit = await self.sink.begin()
             try:
-                parked = await unit.parked_of(key)  # as of now: a retry from the command line may have been first
+                parked = await unit.parked_to_resolve(key)  # as of now: a retry from the command line may have been first
                 if not parked or not parked[0].reason.startswith(NEWER_VERSION) or not _decodes(self.router, parked[0]):
                     await unit.abort()
                     continue
@@ -128,6 +128,7 @@ class PartitionWorker:
                     await self._commit(unit, record.offset)  # what came before it, without it
                     await self._try_again(record, delivery, error, verified)
                     unit = await self.sink.begin()
+                    verified.clear()  # read in units now over: a retry from the command line may have resolved them since
                     continue
                 self._uncounted += 1
             await self._commit(unit, end_offset)
