@@ -4,6 +4,7 @@ a field, add a required one that `evolve` fills in), start again."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -174,7 +175,7 @@ def _reason(
 ) -> str | None:
     registry = _counters(CounterV2, _v2, events)
     if upcasters:
-        registry["counters"].upcasters.update(upcasters)
+        registry["counters"] = dataclasses.replace(registry["counters"], upcasters=upcasters)
     fold = _Fold(StoredAggregate(version=len(records), state={}, updated_at=0))
     _fold_records(registry, "counters", {"c1": fold}, _records(*records))
     return fold.error

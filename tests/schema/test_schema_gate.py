@@ -575,3 +575,18 @@ def test_the_command_line_writes_where_it_is_told(tmp_path: Path) -> None:
     (tmp_path / "schemas").mkdir()
     assert esk(tmp_path, "lock", "--file", "schemas/lock.json").returncode == 0
     assert esk(tmp_path, "check", "--file", "schemas/lock.json").returncode == 0
+
+
+def test_the_upcasters_checked_are_the_ones_used() -> None:
+    """A mapping changed after the aggregate type was made would skip the check."""
+
+    class Deposited(Event):
+        schema_version = 2
+        amount: int
+
+    upcasters: dict[tuple[str, int], Upcaster] = {("Deposited", 1): lambda d: d}
+    [aggregate] = wallets(events=[Opened, Deposited], upcasters=upcasters).values()
+    upcasters[("Opened", 1)] = lambda d: d  # Opened is v1: refused, had it been there at first
+    assert list(aggregate.upcasters) == [("Deposited", 1)]
+    with pytest.raises(TypeError):
+        aggregate.upcasters[("Opened", 1)] = lambda d: d  # type: ignore[index]

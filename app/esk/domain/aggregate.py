@@ -16,6 +16,7 @@ import hashlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
+from types import MappingProxyType
 from typing import Any, ClassVar, Generic, TypeVar
 
 import orjson
@@ -97,6 +98,8 @@ class AggregateType(Generic[S]):
             raise ValueError(f"creating commands not among the commands: {unknown}")
         object.__setattr__(self, "_events_by_name", {e.type_name(): e for e in self.events})
         object.__setattr__(self, "_event_types", frozenset(self.events))
+        # A copy no one can change: the upcasters were checked as they are now.
+        object.__setattr__(self, "upcasters", MappingProxyType(dict(self.upcasters)))
         for type_name, version in self.upcasters:
             self._check_upcaster(type_name, version)
         schema = orjson.dumps(self.state.model_json_schema(), option=orjson.OPT_SORT_KEYS)
