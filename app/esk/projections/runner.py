@@ -449,7 +449,7 @@ def _keep(
                         raise  # a one-shot run tells of the outage; its caller runs it again
                     if not _outage_over(error, settings, stop, console, name):
                         return summary
-                    query = catch_up()
+                    query, stalled = catch_up(), _StalledBatch(settings, console, name)  # the outage is told
         except BaseException:  # a caller's Ctrl-C, or the query's failure: no query outlives the run's lock (_stop)
             _stop(query, console, name)
             raise
@@ -490,7 +490,7 @@ def _keep(
                     gave_up = query
                     if not _outage_over(error, settings, stop, console, name):
                         return summary
-                    query = keeping()
+                    query, stalled = keeping(), _StalledBatch(settings, console, name)
                     continue
                 if moved_on():
                     break

@@ -199,7 +199,9 @@ class DatabaseUnit(Unit):
         await save_parked(self.transaction.esk, event)
 
     async def parked_of(self, aggregate_id: str) -> list[ParkedEvent]:
-        rows = await self.transaction.esk.fetchall(f"SELECT {_PARKED_COLUMNS} FROM esk_parked WHERE {_AGGREGATE_PARKED} ORDER BY kafka_offset", self._parked(aggregate_id))
+        rows = await self.transaction.esk.fetchall(
+            f"SELECT {_PARKED_COLUMNS} FROM esk_parked WHERE {_AGGREGATE_PARKED} ORDER BY kafka_offset", self._parked(aggregate_id)
+        )
         return [_parked_event(row) for row in rows]
 
     async def parked_to_resolve(self, aggregate_id: str) -> list[ParkedEvent]:
