@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from .projections.catalog import Projection
     from .schema.check import Finding
     from .subscriptions.api import AnySubscription
-    from .subscriptions.operations import SubscriptionOperations, SubscriptionStatus
+
 
 def _commands(help: str, **options: Any) -> typer.Typer:
     # Help as click prints it: rich's panels keep the docstrings' line breaks in a group's
@@ -672,21 +672,18 @@ def subscriptions_status(
     names = [name] if name is not None else list(configured_subscriptions(settings))
     behind = []
     for each in names:
-        status, parked_count = asyncio.run(_status_and_parked(subscription_operations(settings, each)))
-        table = Table("topic", "partition", "next offset", "end", "lag", title=f"{status.name} ({status.kind})")
+        status = asyncio.run(subscription_operations(settings, each).status())
+        table = Table("topic", "partition", "next offset", "end", "lag", "parked", title=f"{status.name} ({status.kind})")
         for p in status.partitions:
-            table.add_row(p.topic, str(p.partition), "-" if p.next_offset is None else str(p.next_offset), str(p.end), str(p.lag))
+            next_offset = "-" if p.next_offset is None else str(p.next_offset)
+            table.add_row(p.topic, str(p.partition), next_offset, str(p.end), str(p.lag), str(p.parked))
         print_table(table)
-        parked = f"; {parked_count:,} parked (esk subscriptions parked {status.name})" if parked_count else ""
+        parked = f"; {status.parked:,} parked (esk subscriptions parked {status.name})" if status.parked else ""
         console.print(f"{status.name}: {'caught up' if status.caught_up else f'{status.lag:,} behind'}{parked}", highlight=False)
         if not status.caught_up:
             behind.append(status.name)
     if behind:
         raise typer.Exit(code=1)
-
-
-async def _status_and_parked(operations: SubscriptionOperations) -> tuple[SubscriptionStatus, int]:
-    return await operations.status(), len(await operations.parked())
 
 
 @subscriptions_cli.command("parked")

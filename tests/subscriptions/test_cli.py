@@ -89,6 +89,7 @@ def test_the_subscriptions_commands(settings: Settings, env: dict[str, str], tmp
         assert code == 0 and "o3" in out and "undecodable" in out and "1 parked" in out
         code, out = esk("subscriptions", "status", "customer_ledger")  # caught up, and says what it holds back
         assert code == 0 and "customer_ledger: caught up; 1 parked (esk subscriptions parked customer_ledger)" in out
+        wait_until(lambda: _metric(port, "esk_subscription_parked") == 1.0, 30, "the subscriber to count it")
 
         code, out = esk("subscriptions", "reset", "customer_ledger", "--to", "earliest")  # while it runs: the offsets are its database's
         assert code == 0 and "reset to earliest" in out
@@ -98,6 +99,8 @@ def test_the_subscriptions_commands(settings: Settings, env: dict[str, str], tmp
         assert code == 0 and "1 skipped" in out
         code, out = esk("subscriptions", "parked", "customer_ledger", "--all")
         assert "skipped" in out and "ops@example" in out
+        # skipped from the command line, under the running subscriber: it counts from its store
+        wait_until(lambda: _metric(port, "esk_subscription_parked") == 0.0, 30, "the subscriber to count none")
     finally:
         subscriber.send_signal(signal.SIGTERM)
         subscriber.wait(30)

@@ -130,6 +130,8 @@ async def test_a_failing_aggregate_is_parked_in_order_and_retried_in_order(
             await add_line(client, "good1")
             await wait_for(lambda: ("good1", 3) in recorder.applied(settings), what="good1's third event")
             await wait_for(lambda: _parked_count(operations, 4), what="bad's fourth event parked")
+            status = await operations.status()  # as the store counts them, on every kind of store
+            assert status.parked == 4 and sorted(p.parked for p in status.partitions if p.parked) == [4]
 
             recorder.broken = None  # the fix
             report = await operations.retry(None, by="tester")

@@ -52,8 +52,8 @@ class PartitionStatus:
     partition: int
     next_offset: int | None  # what the subscription committed (None: nothing yet)
     end: int  # the partition's last stable offset
-
     lag: int
+    parked: int  # events parked now
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,10 @@ class SubscriptionStatus:
     @property
     def caught_up(self) -> bool:
         return self.lag == 0
+
+    @property
+    def parked(self) -> int:
+        return sum(p.parked for p in self.partitions)
 
 
 @dataclass
@@ -106,8 +110,12 @@ class SubscriptionOperations:
         tps = await all_partitions(self.settings, self.router.topics)
         beginning, end, _ = await partition_offsets(self.settings, tps)
         committed = await self.committed()
+        async with self._stores() as stores:
+            parked = await stores.parked_counts(tps)
         partitions = [
-            PartitionStatus(tp.topic, tp.partition, committed.get(tp), end[tp], max(0, end[tp] - committed.get(tp, beginning[tp])))
+            PartitionStatus(
+                tp.topic, tp.partition, committed.get(tp), end[tp], max(0, end[tp] - committed.get(tp, beginning[tp])), parked[tp]
+            )
             for tp in sorted(tps)
         ]
         return SubscriptionStatus(self.subscription.name, self.subscription.kind.value, partitions)

@@ -28,7 +28,7 @@ from aiokafka.structs import ConsumerRecord
 from ..domain.aggregate import AggregateType
 from ..kafka.reader import group_member
 from ..kafka.stopping import stop_consumer
-from ..metrics import SUBSCRIPTION_CAUGHT_UP, SUBSCRIPTION_LAG, SUBSCRIPTION_PARTITIONS
+from ..metrics import SUBSCRIPTION_CAUGHT_UP, SUBSCRIPTION_LAG, SUBSCRIPTION_PARKED, SUBSCRIPTION_PARTITIONS
 from ..settings import Settings
 from .api import AnySubscription
 from .routing import Router, check_outcome_commands
@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 Chunk = tuple[Sequence[ConsumerRecord[bytes, bytes]], int]  # records, and the position after them
 RESTART_DELAYS_S = (0.5, 1.0, 2.0, 5.0)
 IDLE_CHECK_S = 1.0
+PARKED_REPORT_S = 10.0  # how often the subscriber reads how many events its partitions hold parked
 
 
 class InputPartition:
@@ -163,6 +164,7 @@ class SubscriptionRunner:
         try:
             await consumer.start()
             idle_checked = time.monotonic()
+            parked_reported = 0.0
             while not stop.is_set():
                 fetched = await consumer.getmany(timeout_ms=200, max_records=self.settings.subscriber.batch_max_records)
                 for tp, records in fetched.items():
@@ -175,6 +177,9 @@ class SubscriptionRunner:
                     idle_checked = time.monotonic()
                     await self._move_idle_offsets()
                     self._report()
+                if time.monotonic() - parked_reported >= PARKED_REPORT_S:
+                    parked_reported = time.monotonic()
+                    await self._report_parked()
         finally:
             await self._revoke(set(self.partitions))
             await stop_consumer(consumer)
@@ -208,6 +213,19 @@ class SubscriptionRunner:
         SUBSCRIPTION_PARTITIONS.labels(name).set(sum(p.running for p in self.partitions.values()))
         SUBSCRIPTION_CAUGHT_UP.labels(name).set(1 if self.caught_up else 0)
 
+    async def _report_parked(self) -> None:
+        """Read from the store, not from the workers' own view: a retry from the command line
+        resolves parked events under a worker that never sees it."""
+        owned = [tp for tp, partition in self.partitions.items() if partition.running]
+        try:
+            counts = await self.stores.parked_counts(owned)
+        except Exception as error:  # a store away: the partitions say so; the gauge waits for the next look
+            log.debug("%s: parked events not counted: %r", self.subscription.name, error)
+            return
+        for tp, count in counts.items():
+            if tp in self.partitions:  # still this member's
+                SUBSCRIPTION_PARKED.labels(self.subscription.name, tp.topic, str(tp.partition)).set(count)
+
     async def _assign(self, assigned: set[TopicPartition]) -> None:
         for tp in assigned:
             self.consumer.pause(tp)  # until its sink says where to start
@@ -218,8 +236,9 @@ class SubscriptionRunner:
         stopping = [self.partitions.pop(tp) for tp in revoked if tp in self.partitions]
         await asyncio.gather(*(p.stop() for p in stopping))
         for tp in revoked:
-            with contextlib.suppress(KeyError):  # never reported
-                SUBSCRIPTION_LAG.remove(self.subscription.name, tp.topic, str(tp.partition))
+            for gauge in (SUBSCRIPTION_LAG, SUBSCRIPTION_PARKED):
+                with contextlib.suppress(KeyError):  # never reported
+                    gauge.remove(self.subscription.name, tp.topic, str(tp.partition))
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka ships no type hints

@@ -5,6 +5,8 @@ fenced and committed as the subscriber's own work is)."""
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Collection
 from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -17,6 +19,7 @@ from .database import Database, SQLite
 from .database_sink import DatabaseSink, prepare
 from .kafka_sinks import OffsetCommitSink, TransactionalSink
 from .parked_topic import ParkedTopic, parked_topic_spec
+from .parking import ParkStatus
 from .routing import Router
 from .sinks import PartitionSink
 
@@ -70,6 +73,25 @@ class Stores:
             return TransactionalSink(self.settings, subscription, self.router, self._consumer, self.parked_topic, self.group_id, tp)
         assert self._producer is not None
         return OffsetCommitSink(subscription, self._consumer, self._producer, self.parked_topic, tp)
+
+    async def parked_counts(self, tps: Collection[TopicPartition]) -> dict[TopicPartition, int]:
+        """How many events of each input partition in `tps` are parked now, as the store has
+        them (a retry from the command line included)."""
+        counts: Counter[TopicPartition] = Counter()
+        if self.database is not None:
+            async with self.database.transaction() as tx:
+                rows = await tx.esk.fetchall(
+                    "SELECT topic, kafka_partition, COUNT(*) FROM esk_parked WHERE subscription = ? AND status = ? "
+                    "GROUP BY topic, kafka_partition",
+                    (self.subscription.name, ParkStatus.PARKED.value),
+                )
+            counts.update({TopicPartition(str(topic), int(partition)): int(n) for topic, partition, n in rows})
+        else:
+            assert self.parked_topic is not None, "open the stores first"
+            for partition in sorted({self.parked_topic.partition_of(tp.partition) for tp in tps}):
+                state = await self.parked_topic.refresh(partition)
+                counts.update(TopicPartition(e.topic, e.partition) for e in state.parked.values() if e.status is ParkStatus.PARKED)
+        return {tp: counts[tp] for tp in tps}
 
     async def close(self) -> None:
         if self._producer is not None:

@@ -127,8 +127,9 @@ class PartitionWorker:
                 except Exception as error:
                     await self._commit(unit, record.offset)  # what came before it, without it
                     await self._try_again(record, delivery, error, verified)
+                    # `verified` goes on: the parked topic may not show yet what this worker just
+                    # parked (a transaction's markers are written after its commit returns).
                     unit = await self.sink.begin()
-                    verified.clear()  # read in units now over: a retry from the command line may have resolved them since
                     continue
                 self._uncounted += 1
             await self._commit(unit, end_offset)
