@@ -161,6 +161,10 @@ class SubscriptionRunner:
         self._consumer = consumer = self._make_consumer()
         await self.stores.open(consumer)
         consumer.subscribe(self.router.topics, listener=_Listener(self))
+        # Beside the loop, not in it: the count waits for the store, which a long unit of a
+        # partition holds (a database handler's transaction), and the loop must go on
+        # fetching for the others.
+        counting: asyncio.Task[None] | None = None
         try:
             await consumer.start()
             idle_checked = time.monotonic()
@@ -177,10 +181,14 @@ class SubscriptionRunner:
                     idle_checked = time.monotonic()
                     await self._move_idle_offsets()
                     self._report()
-                if time.monotonic() - parked_reported >= PARKED_REPORT_S:
+                if time.monotonic() - parked_reported >= PARKED_REPORT_S and (counting is None or counting.done()):
                     parked_reported = time.monotonic()
-                    await self._report_parked()
+                    counting = asyncio.create_task(self._report_parked(), name=f"{self.subscription.name}-parked-count")
         finally:
+            if counting is not None:
+                counting.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await counting
             await self._revoke(set(self.partitions))
             await stop_consumer(consumer)
             self._consumer = None
