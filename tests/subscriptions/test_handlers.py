@@ -29,8 +29,9 @@ from esk import (
 )
 from esk.protocol import EventRecord, Outcome, Status
 from esk.subscriptions.database_sink import DatabaseSink, load_parked, prepare, read_offsets
+from esk.subscriptions.parking import ParkedEvent, ParkStatus
 from esk.subscriptions.routing import Router, Undecodable, origin_of
-from esk.subscriptions.worker import PartitionWorker
+from esk.subscriptions.worker import TAKEN_UP_BEHIND_NOTHING, WAITS_BEHIND, PartitionWorker
 from subscriptions import customer_ledger, payments
 
 LINES = [Line(sku="apple", qty=2, price=150)]
@@ -304,4 +305,30 @@ async def test_events_parked_for_a_newer_schema_version_are_handled_once_the_cod
         resolved = await load_parked(tx.esk, upgraded.name, status=None)
     assert applied == [("o2", 1), ("o1", 1), ("o1", 2), ("o1", 3)]
     assert parked == [] and {(p.status.value, p.resolved_by) for p in resolved} == {("retried", "esk: its schema version is known now")}
+    await database.close()
+
+
+async def test_an_event_parked_behind_nothing_is_handled_at_the_next_start() -> None:
+    """A batch that checked its aggregate was parked just before a retry from the command
+    line resolved it parks the next event behind nothing: the next start takes it up."""
+    database = SQLite(":memory:").connect(Path(":memory:"))
+    tp = TopicPartition("test.orders.events", 0)
+    ledger = flaky_ledger({})
+    await prepare(database, ledger)
+    sink = DatabaseSink(database, ledger, tp)
+    worker = PartitionWorker(ledger, Router(ledger, {"orders": orders}, "test"), sink, NO_WAIT)
+    await worker.open()
+    await worker.handle([], 4)
+    record = EventRecord("orders/o1/2", "orders", "o1", 2, "LineAdded", 1, ADDED.model_dump(mode="json"), "c", "c", "c", 0)
+    unit = await sink.begin()
+    await unit.park(ParkedEvent.of(ledger.name, order_record(3, "o1", "LineAdded", record.encode()), f"{WAITS_BEHIND}'o1'", 0))
+    await unit.commit(None)
+
+    again = PartitionWorker(ledger, Router(ledger, {"orders": orders}, "test"), DatabaseSink(database, ledger, tp), NO_WAIT)
+    assert await again.open() == 4
+    assert again.parked == set()
+    async with database.transaction() as tx:
+        assert await tx.sql.fetchall("SELECT order_id, version FROM applied") == [("o1", 2)]
+        [resolved] = await load_parked(tx.esk, ledger.name, status=None)
+    assert (resolved.status, resolved.resolved_by) == (ParkStatus.RETRIED, TAKEN_UP_BEHIND_NOTHING)
     await database.close()

@@ -10,9 +10,11 @@ the offset past it. The worker knows nothing of Kafka or databases: its sink doe
 An aggregate parked behind an event of a schema version the code did not know (newer code
 wrote it while this subscriber still ran older code, as a rolling deployment does) is
 handled again when a worker opens its partition with code that knows the version: as
-`esk subscriptions retry` would, so an upgrade needs no operator. All of the aggregate's
-parked events go through, or none (one that fails for another reason keeps them all
-parked, tried again at the next start).
+`esk subscriptions retry` would, so an upgrade needs no operator. So is one whose first
+parked event waits behind nothing (parked behind one that a retry or skip from the
+command line resolved in the same moment). All of the aggregate's parked events go
+through, or none (one that fails for another reason keeps them all parked, tried again at
+the next start).
 """
 
 from __future__ import annotations
@@ -38,7 +40,9 @@ UNDECODABLE = "undecodable: "  # how the reason of an event parked because it do
 # ... and of one whose schema version is newer than the code's.
 NEWER_VERSION = f"{UNDECODABLE}{NewerSchemaVersion.__name__}"
 WAITS_BEHIND = "waits behind an earlier parked event of "  # ... and of one parked only for that
-RETRIED_BY = "esk: its schema version is known now"
+# Who resolved the parked events esk handled on its own as it opened a partition.
+TAKEN_UP_VERSION_KNOWN = "esk: its schema version is known now"
+TAKEN_UP_BEHIND_NOTHING = "esk: nothing is parked before it"
 
 
 class PartitionWorker:
@@ -63,19 +67,20 @@ class PartitionWorker:
         self.next_offset = start.next_offset
         self.replay_until = start.replay_until
         self.parked = set(start.parked)
-        await self._retry_known_versions(sorted(key for key, reason in start.parked.items() if reason.startswith(NEWER_VERSION)))
+        await self._take_up(sorted(key for key, reason in start.parked.items() if reason.startswith((NEWER_VERSION, WAITS_BEHIND))))
         return start.next_offset
 
-    async def _retry_known_versions(self, keys: Sequence[str]) -> None:
-        """`keys`: the aggregates whose first parked event waits for a newer schema version."""
+    async def _take_up(self, keys: Sequence[str]) -> None:
+        """`keys`: the aggregates whose first parked event may need no operator."""
         for key in keys:
             unit = await self.sink.begin()
             try:
                 parked = await unit.parked_to_resolve(key)  # as of now: a retry from the command line may have been first
-                if not parked or not parked[0].reason.startswith(NEWER_VERSION) or not _decodes(self.router, parked[0]):
+                by = self._taken_up_by(parked[0]) if parked else None
+                if by is None:
                     await unit.abort()
                     continue
-                resolved, still_parked = await resolve_parked(unit, self.router, parked, ParkStatus.RETRIED, RETRIED_BY)
+                resolved, still_parked = await resolve_parked(unit, self.router, parked, ParkStatus.RETRIED, by)
             except BaseException:
                 await unit.abort()
                 raise
@@ -83,14 +88,20 @@ class PartitionWorker:
                 # One failed now, for another reason (its handler, a database away): all of
                 # them stay as they were, to be tried at the next start, or by an operator.
                 await unit.abort()
-                log.warning(
-                    "%s: %s's events parked for a schema version the code knows now stay parked: %s",
-                    self.subscription.name, key, still_parked[0].reason,
-                )
+                log.warning("%s: %s's parked events stay parked (%s): %s", self.subscription.name, key, by, still_parked[0].reason)
                 continue
             await unit.commit(None)
             self.parked.discard(key)
-            log.info("%s: %s's %d events parked for a schema version the code knows now are handled", self.subscription.name, key, len(resolved))
+            log.info("%s: %s's %d parked events are handled (%s)", self.subscription.name, key, len(resolved), by)
+
+    def _taken_up_by(self, first: ParkedEvent) -> str | None:
+        """Why esk handles an aggregate's parked events on its own, `first` the first of
+        them; None: they wait for an operator."""
+        if first.reason.startswith(WAITS_BEHIND):
+            return TAKEN_UP_BEHIND_NOTHING
+        if first.reason.startswith(NEWER_VERSION) and _decodes(self.router, first):
+            return TAKEN_UP_VERSION_KNOWN
+        return None
 
     async def close(self) -> None:
         await self.sink.close()
