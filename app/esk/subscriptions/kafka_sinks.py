@@ -20,7 +20,7 @@ from ..processing.streams_producer import StreamsProducer
 from ..settings import Settings
 from .api import AnySubscription
 from .parked_topic import ParkedTopic, parked_key
-from .parking import ParkedEvent, ParkStatus
+from .parking import ParkedEvent
 from .routing import Delivery, Router, call_handler, command_envelope, reactor_commands
 from .sinks import Fenced, PartitionSink, StartingPoint, Unit, first_reasons
 
@@ -29,21 +29,13 @@ async def starting_point(consumer: AIOKafkaConsumer, parked_topic: ParkedTopic, 
     """The group's committed offset, and what the parked topic says of the partition."""
     committed = await consumer.committed(tp)
     state = await parked_topic.refresh(parked_topic.partition_of(tp.partition))
-    parked = first_reasons(
-        (e.aggregate_id, e.offset, e.reason)
-        for e in state.parked.values()
-        if e.topic == tp.topic and e.partition == tp.partition and e.status is ParkStatus.PARKED
-    )
+    parked = first_reasons((e.aggregate_id, e.offset, e.reason) for e in state.still_parked(tp.topic, tp.partition))
     return StartingPoint(committed, state.replay_until.get((tp.topic, tp.partition), 0), parked)
 
 
 async def parked_in_topic(parked_topic: ParkedTopic, tp: TopicPartition, aggregate_id: str) -> list[ParkedEvent]:
     state = await parked_topic.refresh(parked_topic.partition_of(tp.partition))
-    found = [
-        e for e in state.parked.values()
-        if e.aggregate_id == aggregate_id and e.topic == tp.topic and e.partition == tp.partition and e.status is ParkStatus.PARKED
-    ]
-    return sorted(found, key=lambda e: e.offset)
+    return [e for e in state.still_parked(tp.topic, tp.partition) if e.aggregate_id == aggregate_id]
 
 
 def parked_output(parked_topic: ParkedTopic, event: ParkedEvent) -> Output:

@@ -226,8 +226,8 @@ class SubscriptionOperations:
                     partition = topic.partition_of(tp.partition)
                     await producer.send_and_wait(topic.topic, str(marks[tp]).encode(), key=replay_key(tp.topic, tp.partition), partition=partition)
                     state = await topic.refresh(partition)
-                    for event in state.parked.values():
-                        if (event.topic, event.partition) == (tp.topic, tp.partition) and event.offset >= offset and event.status is ParkStatus.PARKED:
+                    for event in state.still_parked(tp.topic, tp.partition):
+                        if event.offset >= offset:
                             await producer.send_and_wait(topic.topic, None, key=parked_key(event), partition=partition)
             finally:
                 await producer.stop()

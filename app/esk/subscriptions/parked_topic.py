@@ -18,7 +18,7 @@ from ..kafka.client_options import client_options
 from ..kafka.stopping import stop_consumer
 from ..kafka.topics import TopicSpec
 from ..settings import Settings
-from .parking import ParkedEvent
+from .parking import ParkedEvent, ParkStatus
 
 
 def parked_topic(app: str, subscription: str) -> str:
@@ -49,6 +49,12 @@ class ParkedPartitionState:
 
     parked: dict[str, ParkedEvent] = field(default_factory=dict)  # position -> latest record
     replay_until: dict[tuple[str, int], int] = field(default_factory=dict)  # (topic, partition) -> offset
+
+    def still_parked(self, topic: str, partition: int) -> list[ParkedEvent]:
+        """The events of input partition `topic`/`partition` parked now (neither retried nor
+        skipped), in offset order."""
+        found = [e for e in self.parked.values() if (e.topic, e.partition) == (topic, partition) and e.status is ParkStatus.PARKED]
+        return sorted(found, key=lambda e: e.offset)
 
 
 class ParkedTopic:

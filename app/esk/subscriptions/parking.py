@@ -21,7 +21,7 @@ from ..protocol import now_ms
 
 class ParkStatus(StrEnum):
     PARKED = "parked"
-    RETRIED = "retried"  # handled by `esk subscriptions retry`, or by esk once the code knew its schema version
+    RETRIED = "retried"  # handled by `esk subscriptions retry`, or by esk as it opened the partition (resolved_by says why)
     SKIPPED = "skipped"  # dropped by `esk subscriptions skip`
 
 

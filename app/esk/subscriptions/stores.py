@@ -5,7 +5,6 @@ fenced and committed as the subscriber's own work is)."""
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Collection
 from pathlib import Path
 
@@ -77,7 +76,6 @@ class Stores:
     async def parked_counts(self, tps: Collection[TopicPartition]) -> dict[TopicPartition, int]:
         """How many events of each input partition in `tps` are parked now, as the store has
         them (a retry from the command line included)."""
-        counts: Counter[TopicPartition] = Counter()
         if self.database is not None:
             async with self.database.transaction() as tx:
                 rows = await tx.esk.fetchall(
@@ -85,13 +83,12 @@ class Stores:
                     "GROUP BY topic, kafka_partition",
                     (self.subscription.name, ParkStatus.PARKED.value),
                 )
-            counts.update({TopicPartition(str(topic), int(partition)): int(n) for topic, partition, n in rows})
-        else:
-            assert self.parked_topic is not None, "open the stores first"
-            for partition in sorted({self.parked_topic.partition_of(tp.partition) for tp in tps}):
-                state = await self.parked_topic.refresh(partition)
-                counts.update(TopicPartition(e.topic, e.partition) for e in state.parked.values() if e.status is ParkStatus.PARKED)
-        return {tp: counts[tp] for tp in tps}
+            counts = {TopicPartition(str(topic), int(partition)): int(n) for topic, partition, n in rows}
+            return {tp: counts.get(tp, 0) for tp in tps}
+        topic = self.parked_topic
+        assert topic is not None, "open the stores first"
+        states = {p: await topic.refresh(p) for p in sorted({topic.partition_of(tp.partition) for tp in tps})}
+        return {tp: len(states[topic.partition_of(tp.partition)].still_parked(tp.topic, tp.partition)) for tp in tps}
 
     async def close(self) -> None:
         if self._producer is not None:
