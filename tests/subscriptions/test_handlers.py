@@ -31,7 +31,7 @@ from esk.protocol import EventRecord, Outcome, Status
 from esk.subscriptions.database_sink import DatabaseSink, load_parked, prepare, read_offsets
 from esk.subscriptions.parking import ParkedEvent, ParkStatus
 from esk.subscriptions.routing import Router, Undecodable, origin_of
-from esk.subscriptions.worker import TAKEN_UP_BEHIND_NOTHING, WAITS_BEHIND, PartitionWorker
+from esk.subscriptions.worker import TAKEN_UP_BEHIND_NOTHING, WAITS_BEHIND, PartitionWorker, resolve_parked
 from subscriptions import customer_ledger, payments
 
 LINES = [Line(sku="apple", qty=2, price=150)]
@@ -305,6 +305,64 @@ async def test_events_parked_for_a_newer_schema_version_are_handled_once_the_cod
         resolved = await load_parked(tx.esk, upgraded.name, status=None)
     assert applied == [("o2", 1), ("o1", 1), ("o1", 2), ("o1", 3)]
     assert parked == [] and {(p.status.value, p.resolved_by) for p in resolved} == {("retried", "esk: its schema version is known now")}
+    await database.close()
+
+
+@pytest.mark.parametrize("fails_again", [False, True])
+async def test_events_parked_behind_one_a_retry_resolved_meanwhile_go_first_when_their_aggregate_comes_next(fails_again: bool) -> None:
+    """A retry from the command line resolved an aggregate's first parked event just as the
+    worker's batch, which had read it was parked, parked the next one behind it: the
+    aggregate's next event finds that one parked behind nothing, and the worker handles it
+    first, in order, without waiting for the partition's next open. When it fails again,
+    the aggregate's events park behind it, tried once, not at each event."""
+    database = SQLite(":memory:").connect(Path(":memory:"))
+    tp = TopicPartition("test.orders.events", 0)
+    fails = {"o1": 1}
+    ledger = flaky_ledger(fails)
+    await prepare(database, ledger)
+    sink = DatabaseSink(database, ledger, tp)
+    router = Router(ledger, {"orders": orders}, "test")
+    worker = PartitionWorker(ledger, router, sink, NO_WAIT)
+    await worker.open()
+
+    def event(n: int, version: int, event: Placed | LineAdded) -> ConsumerRecord[bytes, bytes]:
+        record = EventRecord(f"orders/o1/{version}", "orders", "o1", version, event.type_name(), 1, event.model_dump(mode="json"), "c", "c", "c", 0)
+        return order_record(n, "o1", event.type_name(), record.encode())
+
+    await worker.handle([event(0, 1, placed()), event(1, 2, ADDED)], 2)
+    unit = await sink.begin()
+    first, behind = await unit.parked_of("o1")
+    assert behind.reason.startswith(WAITS_BEHIND)
+    # The retry, as `esk subscriptions retry` runs it, read the aggregate's parked events
+    # before the batch parked the second one.
+    assert (await resolve_parked(unit, router, [first], ParkStatus.RETRIED, "ops"))[1] == []
+    await unit.commit(None)
+    behind_before = REGISTRY.get_sample_value("esk_subscription_events_total", {"subscription": ledger.name, "result": "parked_behind"}) or 0
+
+    if fails_again:
+        fails["o1"] = 5
+        await worker.handle([event(2, 3, ADDED)], 3)
+        await worker.handle([event(3, 4, ADDED)], 4)
+        assert fails["o1"] == 4  # one attempt of the event parked behind nothing
+        assert worker.parked == {"o1"}
+        async with database.transaction() as tx:
+            assert [p.offset for p in await load_parked(tx.esk, ledger.name)] == [1, 2, 3]
+        await database.close()
+        return
+
+    await worker.handle([event(2, 3, ADDED)], 3)
+    assert worker.parked == set()
+    async with database.transaction() as tx:
+        assert await tx.sql.fetchall("SELECT order_id, version FROM applied") == [("o1", 1), ("o1", 2), ("o1", 3)]
+        assert await load_parked(tx.esk, ledger.name) == []
+        resolved = await load_parked(tx.esk, ledger.name, status=None)
+        assert await read_offsets(tx.esk, ledger.name) == {tp: (3, 0)}
+    assert [(p.offset, p.status, p.resolved_by) for p in resolved] == [
+        (0, ParkStatus.RETRIED, "ops"),
+        (1, ParkStatus.RETRIED, TAKEN_UP_BEHIND_NOTHING),
+    ]
+    after = REGISTRY.get_sample_value("esk_subscription_events_total", {"subscription": ledger.name, "result": "parked_behind"}) or 0
+    assert after == behind_before
     await database.close()
 
 

@@ -433,26 +433,17 @@ def _keep(
         if not turn_taken:  # asked to stop during Spark's start, or while it waited its turn
             return summary
 
-        def catch_up() -> StreamingQuery:
-            return writer().trigger(availableNow=True).start()
-
-        query = catch_up()
-        stalled = _StalledBatch(settings, console, name)
+        # A one-shot run tells of an outage; its caller runs it again.
+        watched = _WatchedQuery(lambda: writer().trigger(availableNow=True).start(), settings, stop, console, name, continuous)
         try:
-            while True:
-                try:
-                    if not _await(query, stop) or moved_on():
-                        break
-                    stalled.look(query)
-                except CapturedException as error:
-                    if not continuous:
-                        raise  # a one-shot run tells of the outage; its caller runs it again
-                    if not _outage_over(error, settings, stop, console, name):
-                        return summary
-                    query, stalled = catch_up(), _StalledBatch(settings, console, name)  # the outage is told
+            while watched.goes_on() and not moved_on():
+                pass
         except BaseException:  # a caller's Ctrl-C, or the query's failure: no query outlives the run's lock (_stop)
-            _stop(query, console, name)
+            _stop(watched.query, console, name)
             raise
+        if watched.failed:  # a stop was asked during an outage
+            return summary
+        query = watched.query
         stopped = query.isActive
         if stopped:
             _stop_between_batches(query, stop, console, name)
@@ -472,31 +463,15 @@ def _keep(
     if not continuous:
         _retire(tables, name, kept_s, console)
     if continuous and not stop.asked.is_set():
-
-        def keeping() -> StreamingQuery:
-            return writer().trigger(processingTime=f"{settings.projections.trigger_interval_s} seconds").start()
-
-        query = keeping()
-        gave_up: StreamingQuery | None = None  # failed: nothing to stop
+        trigger = f"{settings.projections.trigger_interval_s} seconds"
+        watched = _WatchedQuery(lambda: writer().trigger(processingTime=trigger).start(), settings, stop, console, name, True)
         report_every_s = max(LAG_REPORT_EVERY_S, round(settings.projections.trigger_interval_s * 2))
         reported = vacuumed = retired = time.monotonic()
         retiring = _retire_beside(tables, name, kept_s, console)
         try:
-            while True:
-                try:
-                    if not _await(query, stop):
-                        break
-                except CapturedException as error:
-                    gave_up = query
-                    if not _outage_over(error, settings, stop, console, name):
-                        return summary
-                    query, stalled = keeping(), _StalledBatch(settings, console, name)
-                    continue
-                if moved_on():
-                    break
-                stalled.look(query)
+            while watched.goes_on() and not moved_on():
                 if time.monotonic() - reported > report_every_s:
-                    lag = _lag(query.lastProgress)
+                    lag = _lag(watched.query.lastProgress)
                     if lag != summary.lag:  # a read model that keeps up says so once, not every few seconds
                         console.print(f"{name} lag per partition: {lag or 'none'}", highlight=False)
                     summary.lag = lag
@@ -512,9 +487,9 @@ def _keep(
         except KeyboardInterrupt:  # a caller's Ctrl-C (the CLI's signals only ask)
             pass
         finally:
-            if query is not gave_up:
-                _stop_between_batches(query, stop, console, name)
-            summary.lag = _lag(query.lastProgress)
+            if not watched.failed:  # a failed query has nothing to stop
+                _stop_between_batches(watched.query, stop, console, name)
+            summary.lag = _lag(watched.query.lastProgress)
     return summary
 
 
@@ -887,6 +862,50 @@ def _await(query: StreamingQuery, stop: StopRequest) -> bool:
         query.awaitTermination()  # at once; raises if the query failed since the last look
         return False
     return not stop.asked.is_set()
+
+
+class _WatchedQuery:
+    """A run's query, watched: a continuous run's query that a broker outage failed starts
+    again in this driver once a broker answers (`_outage_over`), and a batch stalled for
+    want of one is told of (`_StalledBatch`)."""
+
+    def __init__(
+        self,
+        start: Callable[[], StreamingQuery],
+        settings: Settings,
+        stop: StopRequest,
+        console: Console,
+        name: str,
+        outlives_outages: bool,
+    ) -> None:
+        self._start = start
+        self._settings = settings
+        self._stop = stop
+        self._console = console
+        self._name = name
+        self._outlives_outages = outlives_outages
+        self.query = start()
+        self.failed = False  # the query failed (and a stop was asked before a broker answered)
+        self._stalled = _StalledBatch(settings, console, name)
+
+    def goes_on(self) -> bool:
+        """Waits POLL_S at most for the query; whether it goes on: False once it has ended,
+        or a stop is asked. Raises what failed it, unless that was a broker outage that a
+        query outliving outages waited out."""
+        try:
+            if not _await(self.query, self._stop):
+                return False
+        except CapturedException as error:
+            self.failed = True
+            if not self._outlives_outages:
+                raise
+            if not _outage_over(error, self._settings, self._stop, self._console, self._name):
+                return False
+            self.query, self.failed = self._start(), False  # the outage is told
+            self._stalled = _StalledBatch(self._settings, self._console, self._name)
+            return True
+        self._stalled.look(self.query)
+        return True
 
 
 # What Spark (StreamExecution.isInterruptionException) reads in a foreachBatch function's

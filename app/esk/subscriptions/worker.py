@@ -56,6 +56,7 @@ class PartitionWorker:
         self.next_offset: int | None = None  # as of the last commit; None: nothing committed yet
         self.replay_until = 0
         self.parked: set[str] = set()
+        self._not_taken_up: set[str] = set()  # parked behind nothing, and failed again when taken up
         self._traced = traced
         self._handled = SUBSCRIPTION_EVENTS.labels(subscription.name, "handled")
         # handled since the last commit: counted once per commit, as `inc()` takes a lock
@@ -123,7 +124,9 @@ class PartitionWorker:
                 if route is None:
                     continue
                 key = aggregate_key(record)
-                if key in self.parked and await self._still_parked(unit, key, verified):
+                if key in self.parked and key not in verified:
+                    unit = await self._check_parked(unit, key, record.offset, verified)
+                if key in self.parked:
                     await self._park(unit, record, f"{WAITS_BEHIND}{key!r}", 0, verified)
                     continue
                 try:
@@ -179,14 +182,24 @@ class PartitionWorker:
         ):
             await unit.apply(delivery, replaying)
 
-    async def _still_parked(self, unit: Unit, key: str, verified: set[str]) -> bool:
-        if key in verified:
-            return True
-        if await unit.parked_of(key):
-            verified.add(key)
-            return True
-        self.parked.discard(key)
-        return False
+    async def _check_parked(self, unit: Unit, key: str, offset: int, verified: set[str]) -> Unit:
+        """Reads whether the aggregate's events are still parked (a retry or skip from the
+        command line may have resolved them since); returns the unit to go on in."""
+        parked = await unit.parked_of(key)
+        verified.add(key)
+        if not parked:
+            self.parked.discard(key)
+            return unit
+        if not parked[0].reason.startswith(WAITS_BEHIND) or key in self._not_taken_up:
+            return unit
+        # A batch of this worker parked them behind an event a retry resolved in the same
+        # moment: nothing waits before them now. They are taken up as at an open, in a unit
+        # of their own, which locks them as a retry does; what came before goes first.
+        await self._commit(unit, offset)
+        await self._take_up([key])
+        if key in self.parked:  # they failed again: the next open, or an operator, tries them
+            self._not_taken_up.add(key)
+        return await self.sink.begin()
 
     async def _try_again(
         self, record: ConsumerRecord[bytes, bytes], delivery: Delivery, error: Exception, verified: set[str]
