@@ -38,8 +38,9 @@ RESPONSE = "Response from %s:%d %d: %s"  # DEBUG (aiokafka.conn): a broker answe
 METADATA_FAILED = "Unable to update metadata from %s"  # ERROR: no broker answered; tried again at once
 # What a group member says while its coordinator is away (aiokafka/consumer/group_coordinator.py):
 # it finds the coordinator again, and rejoins the group when its session expired meanwhile.
+SESSION_EXPIRED = "heartbeat session expired"
 COORDINATOR_LOST = {
-    "Heartbeat session expired - marking coordinator dead": "heartbeat session expired",  # ERROR
+    "Heartbeat session expired - marking coordinator dead": SESSION_EXPIRED,  # ERROR
     "Marking the coordinator dead (node %s)for group %s.": "group coordinator lost",  # WARNING
     "Heartbeat failed for group %s: coordinator (node %s) is either not started or not valid": "group coordinator moved",  # WARNING
 }
@@ -48,6 +49,9 @@ SUMMARY_INTERVAL_S = 60.0
 # Connection attempts run concurrently (clients, connection groups): one begun before the
 # broker answered can fail just after. Such a failure is no new outage.
 RECOVERY_GRACE_S = 5.0
+# A group member's session that expired this long after every broker answered again did
+# not expire for want of a broker.
+AFTER_OUTAGE_S = 60.0
 
 
 def configure_logging(level: str | int = "INFO", log_format: LogFormat = "text", stream: TextIO | None = None) -> logging.Handler:
@@ -181,6 +185,15 @@ class BrokerConnectionFilter(logging.Filter):
     def _retried(self, record: logging.LogRecord, kind: str) -> None:
         """An error the client retries by itself: DEBUG, and summed up at most once a
         minute when no unreachable broker explains it."""
+        if kind == SESSION_EXPIRED and not self.outages and record.created - max(self.recovered.values(), default=-AFTER_OUTAGE_S) >= AFTER_OUTAGE_S:
+            _replace(
+                record,
+                logging.WARNING,
+                "a Kafka group member's heartbeat session expired while every broker answered: its process held up "
+                "its event loop (or the group coordinator's broker its answers) for longer than the session timeout; "
+                "it rejoins the group, and its partitions may have gone to another member meanwhile",
+            )
+            return
         self.retried += 1
         if self.outages:
             _demote(record)

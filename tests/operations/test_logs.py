@@ -33,6 +33,7 @@ from esk.broker import EmbeddedBroker
 from esk.broker.ports import free_port_pair
 from esk.cli import load_settings
 from esk.logs import (
+    AFTER_OUTAGE_S,
     BOOTSTRAP_FAILED,
     CONNECT_FAILED,
     CONNECTING,
@@ -183,6 +184,21 @@ def test_a_group_member_losing_its_coordinator_is_a_retried_error(output: io.Str
     unreachable, back, summary = lines(output)
     assert "unreachable" in unreachable and "reachable again" in back
     assert " WARNING " in summary and "retried 1 request (heartbeat session expired x1)" in summary, summary
+
+
+def test_a_session_that_expires_with_every_broker_up_is_told_as_such(output: io.StringIO, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not a retried request: the member's process held its loop up (or the coordinator
+    answered too slowly), and the member may have lost its partitions."""
+    now = [1000.0]
+    monkeypatch.setattr(time, "time", lambda: now[0])
+    outage_noise(1, 9092, times=1)
+    CONN.debug(RESPONSE, "127.0.0.1", 9092, 8, "MetadataResponse(...)")
+    now[0] += AFTER_OUTAGE_S
+    COORDINATOR.error("Heartbeat session expired - marking coordinator dead")
+    COORDINATOR.error("Heartbeat session expired - marking coordinator dead")
+    expired = lines(output)[2:]
+    assert len(expired) == 2 and all(" WARNING aiokafka" in line for line in expired), expired
+    assert "heartbeat session expired while every broker answered: its process held up its event loop" in expired[0]
 
 
 def test_what_the_client_does_not_retry_and_other_loggers_are_untouched(output: io.StringIO) -> None:
