@@ -64,7 +64,10 @@ class Processor:
 
     @property
     def ready(self) -> bool:
-        return self._consumer is not None and self.task_manager.ready
+        """In the group, its assignment taken, and every partition of it handling commands.
+        A processor the group gave no partition (more of them than partitions) is ready
+        too: were it not, a disruption budget of one would let no pod be evicted."""
+        return self._consumer is not None and not self._rebalancing and self.task_manager.ready
 
     @property
     def tasks(self) -> dict[int, StreamTask]:

@@ -165,7 +165,8 @@ class TaskManager:
 
     @property
     def ready(self) -> bool:
-        return bool(self.partitions) and all(p.state is PartitionState.RUNNING for p in self.partitions.values())
+        """Every partition it owns handles commands (none owned: nothing to wait for)."""
+        return all(p.state is PartitionState.RUNNING for p in self.partitions.values())
 
     # -- handling and committing ---------------------------------------------------------
 
