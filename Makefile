@@ -11,7 +11,9 @@ VENV_STAMP := $(VENV)/.esk-installed
 setup: venv jars
 
 venv: $(VENV_STAMP)
-$(VENV_STAMP): pyproject.toml
+# `tools` first (order-only: it checks, it makes nothing): a missing Java or Maven is told
+# before pip fetches ~400 MB of pyspark.
+$(VENV_STAMP): pyproject.toml | tools
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found: install Python 3.11+ (apt-get install python3 python3-venv)"; exit 1; }
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "error: esk needs Python 3.11+, $(PYTHON) is $$($(PYTHON) --version)"; exit 1; }
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || { echo "error: could not create $(VENV): apt-get install python3-venv"; exit 1; }
