@@ -12,7 +12,7 @@ from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import make_wsgi_app
+from prometheus_client import CollectorRegistry, make_wsgi_app
 
 StartResponse = Callable[..., Any]
 
@@ -26,9 +26,9 @@ class _QuietHandler(WSGIRequestHandler):
         """Probes every few seconds would drown the process's own log."""
 
 
-def serve_operations(host: str, port: int, ready: Callable[[], bool]) -> None:
-    """Start the endpoints on `host:port` in a daemon thread."""
-    metrics = make_wsgi_app()
+def serve_operations(host: str, port: int, ready: Callable[[], bool], metrics_of: CollectorRegistry) -> None:
+    """Start the endpoints on `host:port` in a daemon thread; /metrics serves `metrics_of`."""
+    metrics = make_wsgi_app(metrics_of)
 
     def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "")

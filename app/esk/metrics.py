@@ -1,9 +1,13 @@
 """Prometheus metrics of every esk process (served on /metrics)."""
 
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from enum import StrEnum
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 COMMANDS = Counter("esk_commands_total", "Commands handled by the processor, by outcome", ["type", "outcome"])
 DLQ_RECORDS = Counter("esk_dlq_records_total", "Records sent to the DLQ", ["topic"])
@@ -91,3 +95,45 @@ HISTORY_POSITION = Gauge(
     "The offset up to which this API instance's history index reflects an events partition (GET /v1/{type}/{id}/events)",
     ["topic", "partition"],
 )
+
+
+class Kind(StrEnum):
+    """The kinds of esk process, each with a /metrics of its own."""
+
+    PROCESSOR = "processor"
+    API = "api"
+    SUBSCRIBER = "subscriber"
+
+
+_OWN: dict[Kind, tuple[MetricWrapperBase, ...]] = {
+    Kind.PROCESSOR: (
+        COMMANDS, DLQ_RECORDS, COMMIT_SECONDS, TRANSACTION_RECORDS, RESTORE_RECORDS, RESTORE_REMAINING, REBUILD_EVENTS,
+        REBUILT_AGGREGATES, UNUSABLE_AGGREGATES, RESTORE_RATE, ACTIVE_TASKS, COMMANDS_LAG, STANDBY_TASKS, REVOKE_SECONDS,
+        STORE_MEMORY, EXPIRED,
+    ),
+    Kind.API: (STORE_MEMORY, HTTP_OUTCOME_TIMEOUTS, API_KAFKA_AWAY, READ_MODEL_POSITION, READ_MODEL_LAG, READ_MODEL_PARKED, HISTORY_POSITION),
+    Kind.SUBSCRIBER: (SUBSCRIPTION_EVENTS, SUBSCRIPTION_LAG, SUBSCRIPTION_CAUGHT_UP, SUBSCRIPTION_PARKED, SUBSCRIPTION_PARTITIONS),
+}
+
+
+class _KindsOwn(Collector):
+    """The default registry's metrics, but for the esk metrics of the other kinds of
+    process: this module defines all of them in every process, and an unlabelled one
+    would be exported at 0 (`esk_active_tasks` by an API, say), which a dashboard or an
+    alert counting series would take for a processor."""
+
+    def __init__(self, kind: Kind) -> None:
+        self.names = frozenset(family.name for metric in _OWN[kind] for family in metric.describe())
+
+    def collect(self) -> Iterator[Metric]:
+        for family in REGISTRY.collect():
+            if family.name in self.names or not family.name.startswith("esk_"):
+                yield family
+
+
+def exported(kind: Kind) -> CollectorRegistry:
+    """What /metrics serves in a process of `kind`: its own esk metrics, and the process's
+    (process_*, python_*)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_KindsOwn(kind))
+    return registry

@@ -21,6 +21,7 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn
 
 from . import tracing
 from .health import serve_operations
+from .metrics import Kind, exported
 from .processes import hold_lock, kill_tree, set_from_signal_handler
 from .processing.processor import Processor
 from .registry import load_registry
@@ -60,7 +61,7 @@ def run_processor(settings: Settings) -> None:
 
         processor = Processor(settings, registry, on_restore_progress=show)
         if settings.processor.metrics_port is not None:
-            serve_operations(settings.processor.metrics_host, settings.processor.metrics_port, lambda: processor.ready)
+            serve_operations(settings.processor.metrics_host, settings.processor.metrics_port, lambda: processor.ready, exported(Kind.PROCESSOR))
         _freeze_startup_objects()
         asyncio.run(_until_signalled(processor.run))
 
@@ -106,7 +107,7 @@ def run_subscriber(settings: Settings, name: str) -> None:
     runner = SubscriptionRunner(settings, configured_subscriptions(settings)[name], registry)
     if settings.subscriber.metrics_port is not None:
         # A subscriber takes no requests: ready as soon as it runs (its lag is in /metrics).
-        serve_operations(settings.subscriber.metrics_host, settings.subscriber.metrics_port, lambda: True)
+        serve_operations(settings.subscriber.metrics_host, settings.subscriber.metrics_port, lambda: True, exported(Kind.SUBSCRIBER))
     _freeze_startup_objects()
     asyncio.run(_until_signalled(runner.run))
 

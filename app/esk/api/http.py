@@ -23,7 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
 from ..kafka.topics import TopicNames
-from ..metrics import READ_MODEL_LAG, READ_MODEL_PARKED, READ_MODEL_POSITION
+from ..metrics import READ_MODEL_LAG, READ_MODEL_PARKED, READ_MODEL_POSITION, Kind, exported
 from ..projections.catalog import needs_spark_extra
 from ..projections.positions import Positions
 from ..projections.positions import as_json as positions_json
@@ -312,10 +312,12 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
             return json_response({"status": "ready"})
         return Problem(503, "not_ready", "restoring state from the changelog", {"Retry-After": "1"}).response()
 
+    metrics_of = exported(Kind.API)
+
     @router.get("/metrics")
     async def metrics() -> Response:
         await asyncio.to_thread(_read_model_positions)
-        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+        return Response(generate_latest(metrics_of), media_type=CONTENT_TYPE_LATEST)
 
     def _read_model_positions() -> None:
         """How far each read model has read, as of this scrape (from its checkpoint's files),
