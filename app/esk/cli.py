@@ -183,6 +183,7 @@ def init_topics(settings: Settings) -> None:
 @cli.command("processor")
 def processor() -> None:
     """Run the processor (production entry point): one task per assigned commands partition."""
+    from .health import CannotListen
     from .processes import HeldElsewhere
     from .runtime import run_processor
 
@@ -193,6 +194,8 @@ def processor() -> None:
         run_processor(settings)
     except HeldElsewhere as error:
         raise fail(f"another processor{error.holder} runs over {settings.processor.state_dir}: give each its own ESK_PROCESSOR__STATE_DIR") from None
+    except CannotListen as error:
+        raise fail(f"{error}: give each processor on this host its own ESK_PROCESSOR__METRICS_PORT") from None
 
 
 @cli.command("api")
@@ -212,13 +215,17 @@ def api(
 @cli.command("subscriber")
 def subscriber(name: Annotated[str, typer.Argument(help="A subscription (see `esk subscriptions list`).")]) -> None:
     """Run one subscription (production entry point); several processes share its partitions."""
+    from .health import CannotListen
     from .runtime import run_subscriber
 
     settings = load_settings()
     domain_registry(settings)  # fails in one line here; the runtime loads it again (cached)
     subscription_named(settings, name)
     require_kafka_access(settings, wait=True)
-    run_subscriber(settings, name)
+    try:
+        run_subscriber(settings, name)
+    except CannotListen as error:
+        raise fail(f"{error}: give each subscriber on this host its own ESK_SUBSCRIBER__METRICS_PORT") from None
 
 
 @cli.command("dev")
@@ -382,7 +389,7 @@ def project_run(
     # start here, later as its query gives up); a one-shot run ends at once.
     require_kafka_access(settings, None if continuous else "a run that is not --continuous", wait=continuous)
     try:
-        code = run_and_report(settings, chosen, continuous, rebuild, console, stop_on_signals(console))
+        code = run_and_report(settings, chosen, continuous, rebuild, console, stop_on_signals())
     except RunFailed as failed:
         raise fail(str(failed)) from failed.error
     if code:

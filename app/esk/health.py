@@ -17,6 +17,11 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 StartResponse = Callable[..., Any]
 
 
+class CannotListen(Exception):
+    """The operations endpoints' address is taken (another process on this host) or not
+    this host's."""
+
+
 class _Server(ThreadingMixIn, WSGIServer):
     daemon_threads = True
 
@@ -27,7 +32,8 @@ class _QuietHandler(WSGIRequestHandler):
 
 
 def serve_operations(host: str, port: int, ready: Callable[[], bool], metrics_of: CollectorRegistry) -> None:
-    """Start the endpoints on `host:port` in a daemon thread; /metrics serves `metrics_of`."""
+    """Start the endpoints on `host:port` in a daemon thread; /metrics serves `metrics_of`.
+    Raises CannotListen."""
     metrics = make_wsgi_app(metrics_of)
 
     def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
@@ -41,5 +47,8 @@ def serve_operations(host: str, port: int, ready: Callable[[], bool], metrics_of
             return [b'{"status":"not found: /metrics, /healthz or /readyz"}']
         return metrics(environ, start_response)  # type: ignore[no-any-return]  # prometheus_client ships no hints for it
 
-    server = make_server(host, port, app, server_class=_Server, handler_class=_QuietHandler)
+    try:
+        server = make_server(host, port, app, server_class=_Server, handler_class=_QuietHandler)
+    except OSError as error:
+        raise CannotListen(f"cannot serve /metrics, /healthz and /readyz on {host}:{port}: {error.strerror or error}") from None
     threading.Thread(target=server.serve_forever, name="operations-http", daemon=True).start()

@@ -3,12 +3,18 @@ what is served, and /readyz following the readiness it is given)."""
 
 from __future__ import annotations
 
+import socket
+from pathlib import Path
+
 import httpx
 import pytest
+from typer.testing import CliRunner
 
 from esk.broker.ports import free_port
-from esk.health import serve_operations
+from esk.cli import cli
+from esk.health import CannotListen, serve_operations
 from esk.metrics import Kind, exported
+from esk.settings import Settings
 
 
 def test_readyz_follows_readiness_and_metrics_are_served() -> None:
@@ -42,3 +48,38 @@ def test_each_kind_of_process_exports_its_own_metrics_and_the_process_s(kind: Ki
     families = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
     assert own in families and "process_cpu_seconds_total" in families, sorted(families)
     assert not set(others) & families, sorted(families)
+
+
+def test_a_taken_address_is_told_in_a_line() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(CannotListen, match=rf"^cannot serve /metrics, /healthz and /readyz on 127\.0\.0\.1:{port}: Address already in use$"):
+            serve_operations("127.0.0.1", port, lambda: True, exported(Kind.PROCESSOR))
+
+
+@pytest.mark.kafka
+@pytest.mark.parametrize(("command", "setting"), [(["processor"], "ESK_PROCESSOR__METRICS_PORT"), (["subscriber", "payments"], "ESK_SUBSCRIBER__METRICS_PORT")])
+def test_a_second_process_on_a_taken_metrics_port_says_which_setting_to_change(
+    settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: list[str], setting: str
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for name, value in {
+            "ESK_APP": settings.app,
+            "ESK_KAFKA__BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+            "ESK_PROCESSOR__STATE_DIR": str(tmp_path / "processor"),
+            "ESK_SUBSCRIBER__DATA_DIR": str(tmp_path / "subscriptions"),
+            setting: str(port),
+            "COLUMNS": "250",
+        }.items():
+            monkeypatch.setenv(name, value)
+        result = CliRunner().invoke(cli, command)
+    assert result.exit_code == 1, result.output
+    assert result.output.strip().splitlines() == [
+        f"error: cannot serve /metrics, /healthz and /readyz on 127.0.0.1:{port}: Address already in use: give "
+        f"each {command[0]} on this host its own {setting}"
+    ]
