@@ -338,7 +338,10 @@ async def test_a_restarted_api_resumes_its_index(shop: System, caplog: pytest.Lo
         r = await client.get(f"/v1/counters/{counter}/events")
         assert r.status_code == 503 and r.json()["code"] == "history_catching_up", r.text
         assert r.headers["retry-after"] == "1" and r.json()["positions"]
-        app.state.history.ready.set()
+        # A read that may wait waits for the catch-up too, and reads once it is over.
+        asyncio.get_running_loop().call_later(0.5, app.state.history.ready.set)
+        r = await client.get(f"/v1/counters/{counter}/events", params={"wait_ms": 5000})
+        assert r.status_code == 200 and [e["version"] for e in r.json()["events"]] == [1, 2, 3], r.text
 
     token = (await shop.client.post(f"/v1/counters/{counter}/add", json={"n": 9})).json()["position"]["token"]
     caplog.set_level(logging.INFO, logger="esk.api.follower")

@@ -205,6 +205,7 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
             raise Problem(404, "history_disabled", "this API instance keeps no history index (ESK_API__HISTORY=false)")
         after = ReadAfter.of(request.query_params.getlist("after"), wait_ms, settings.api.read_wait_max_s)
         after.check_topics("the history index", history.topics)
+        after = await after.until(history.ready)  # a read that may wait waits for the index's catch-up too
         if not history.ready.is_set():
             raise Problem(
                 503, "history_catching_up", "the history index is still reading the events topics since the API started",

@@ -6,8 +6,9 @@ with how far it got when it has not."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Collection, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..projections.positions import Position, Positions, unreflected
 from ..projections.positions import as_json as positions_json
@@ -33,6 +34,15 @@ class ReadAfter:
             raise Problem(400, "invalid_position", str(error)) from None
         default_s = READ_WAIT_DEFAULT_S if wanted else 0.0
         return cls(wanted, min(default_s if wait_ms is None else wait_ms / 1000, max_wait_s))
+
+    async def until(self, ready: asyncio.Event) -> ReadAfter:
+        """Waits (its wait at most) for `ready`; what is left of its wait after that."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        if not ready.is_set() and self.wait_s > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(ready.wait(), self.wait_s)
+        return replace(self, wait_s=max(0.0, self.wait_s - (loop.time() - started)))
 
     def check_topics(self, what: str, topics: Collection[str]) -> None:
         """400 `invalid_position` for a position on a topic `what` does not read: it would
