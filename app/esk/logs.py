@@ -45,6 +45,10 @@ COORDINATOR_LOST = {
     "Heartbeat failed for group %s: coordinator (node %s) is either not started or not valid": "group coordinator moved",  # WARNING
 }
 
+# What a group member says, at WARNING, of the group's routine (a member joined or left):
+# INFO here, as no one has anything to do about it.
+ROUTINE = {"Heartbeat failed for group %s because it is rebalancing"}
+
 SUMMARY_INTERVAL_S = 60.0
 # Connection attempts run concurrently (clients, connection groups): one begun before the
 # broker answered can fail just after. Such a failure is no new outage.
@@ -130,6 +134,8 @@ class BrokerConnectionFilter(logging.Filter):
             self._failed(record, f"{args[0]}:{args[1]}", args[2])
         elif record.levelno < logging.WARNING:
             return self._signal(record, args)
+        elif record.msg in ROUTINE:
+            record.levelno, record.levelname = logging.INFO, logging.getLevelName(logging.INFO)
         elif (kind := retried_kind(record)) is not None:
             self._retried(record, kind)
         return True

@@ -201,6 +201,12 @@ def test_a_session_that_expires_with_every_broker_up_is_told_as_such(output: io.
     assert "heartbeat session expired while every broker answered: its process held up its event loop" in expired[0]
 
 
+def test_a_rebalance_is_routine(output: io.StringIO) -> None:
+    COORDINATOR.warning("Heartbeat failed for group %s because it is rebalancing", "app.processor")
+    [line] = lines(output)
+    assert " INFO aiokafka.consumer.group_coordinator: Heartbeat failed for group app.processor because it is rebalancing" in line
+
+
 def test_what_the_client_does_not_retry_and_other_loggers_are_untouched(output: io.StringIO) -> None:
     FETCHER.warning("Not authorized to read from topic %s.", "secret")
     SENDER.error("Could not add partition %s due to unexpected error: %s", "tp", TopicAuthorizationFailedError)

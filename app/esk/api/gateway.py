@@ -140,7 +140,11 @@ class CommandGateway:
         if self._away_since is None:
             self._away_since = time.time()
             API_KAFKA_AWAY.set(1)
-            log.warning("no Kafka broker stored a command (%r): commands are refused at once until one answers", error)
+            log.warning(
+                "a command was not stored (%r: no broker answered, or its partition had no leader in time): commands are "
+                "refused at once until a broker answers",
+                error,
+            )
             self._probe = asyncio.create_task(self._until_a_broker_answers(), name="kafka-probe")
 
     async def _until_a_broker_answers(self) -> None:
@@ -155,7 +159,7 @@ class CommandGateway:
             if answered:
                 break
         if self._away_since is not None:
-            log.warning("a Kafka broker answers again: commands are taken (none was for %.0f s)", time.time() - self._away_since)
+            log.info("a Kafka broker answers again: commands are taken (none was for %.0f s)", time.time() - self._away_since)
         self._back()
 
     def _back(self) -> None:
