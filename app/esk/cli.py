@@ -204,12 +204,16 @@ def api(
     port: Annotated[int | None, typer.Option(help="Listen port (ESK_API__PORT).")] = None,
 ) -> None:
     """Run the HTTP API (production entry point)."""
+    from .processes import HeldElsewhere
     from .runtime import run_api
 
     settings = load_settings(api__host=host, api__port=port)
     domain_registry(settings)  # fails in one line here; the runtime loads it again (cached)
     require_kafka_access(settings, wait=True)
-    run_api(settings)
+    try:
+        run_api(settings)
+    except HeldElsewhere as error:
+        raise fail(f"another API{error.holder} runs over {settings.api.state_dir}: give each its own ESK_API__STATE_DIR") from None
 
 
 @cli.command("subscriber")

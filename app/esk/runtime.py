@@ -89,12 +89,19 @@ def run_api(settings: Settings) -> None:
 
     from .api.http import create_app, server_options
 
+    # Its stores (the changelog replica, the history index) are RocksDB's, one process's at a
+    # time: a second API over them is refused here, in a line, not in the app's startup.
+    held = hold_lock(Path(settings.api.state_dir) / API_LOCK)  # raises HeldElsewhere
     return_large_blocks()
     tracing.setup(settings, "api")
     registry = load_registry(settings.domain)
     app = create_app(settings, registry)
     _freeze_startup_objects()
-    uvicorn.run(app, **server_options(settings))
+    try:
+        uvicorn.run(app, **server_options(settings))
+    finally:
+        if held is not None:
+            held.close()
 
 
 def run_subscriber(settings: Settings, name: str) -> None:
@@ -193,6 +200,7 @@ ESK = [sys.executable, "-m", "esk"]
 # the file descriptor of the lock that esk dev holds, which it hands down to it.
 DEV_LOCK_FD_VARIABLE = "_ESK_DEV_LOCK_FD"
 DEV_LOCK = "esk-dev.lock"
+API_LOCK = "esk-api.lock"
 # The lock's descriptor, which every process esk dev starts gets a copy of: the lock
 # holds while any of them lives (a parent killed alone leaves its processes running).
 _lock_fds: tuple[int, ...] = ()

@@ -3,6 +3,7 @@ what is served, and /readyz following the readiness it is given)."""
 
 from __future__ import annotations
 
+import os
 import socket
 from pathlib import Path
 
@@ -14,6 +15,8 @@ from esk.broker.ports import free_port
 from esk.cli import cli
 from esk.health import CannotListen, serve_operations
 from esk.metrics import Kind, exported
+from esk.processes import hold_lock
+from esk.runtime import API_LOCK
 from esk.settings import Settings
 
 
@@ -82,4 +85,26 @@ def test_a_second_process_on_a_taken_metrics_port_says_which_setting_to_change(
     assert result.output.strip().splitlines() == [
         f"error: cannot serve /metrics, /healthz and /readyz on 127.0.0.1:{port}: Address already in use: give "
         f"each {command[0]} on this host its own {setting}"
+    ]
+
+
+@pytest.mark.kafka
+def test_a_second_api_over_one_state_directory_is_refused_in_a_line(settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    held = hold_lock(tmp_path / "api" / API_LOCK)  # the first API's
+    assert held is not None
+    for name, value in {
+        "ESK_APP": settings.app,
+        "ESK_KAFKA__BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+        "ESK_API__STATE_DIR": str(tmp_path / "api"),
+        "ESK_API__PORT": "0",
+        "COLUMNS": "250",
+    }.items():
+        monkeypatch.setenv(name, value)
+    try:
+        result = CliRunner().invoke(cli, ["api"])
+    finally:
+        held.close()
+    assert result.exit_code == 1, result.output
+    assert result.output.strip().splitlines() == [
+        f"error: another API (pid {os.getpid()}) runs over {tmp_path / 'api'}: give each its own ESK_API__STATE_DIR"
     ]
