@@ -93,6 +93,7 @@ class _Outage:
     since: float  # record.created of the first failed attempt
     attempts: int
     retried_before: int  # the filter's count of retried errors when the outage began
+    last: float  # record.created of the latest failed attempt
 
 
 class BrokerConnectionFilter(logging.Filter):
@@ -144,6 +145,7 @@ class BrokerConnectionFilter(logging.Filter):
         outage = self.outages.get(broker)
         if outage is not None:
             outage.attempts += 1
+            outage.last = record.created
             _demote(record)
             return
         if record.created - self.recovered.get(broker, -RECOVERY_GRACE_S) < RECOVERY_GRACE_S:
@@ -152,7 +154,7 @@ class BrokerConnectionFilter(logging.Filter):
             return
         if not self.outages:
             self.library.setLevel(logging.DEBUG)  # to see the broker answer again
-        self.outages[broker] = _Outage(record.created, 1, self.retried)
+        self.outages[broker] = _Outage(record.created, 1, self.retried, record.created)
         _replace(
             record,
             logging.WARNING,
@@ -179,9 +181,13 @@ class BrokerConnectionFilter(logging.Filter):
             outage = self.outages.pop(broker)
             self.recovered[broker] = record.created
             where = broker if broker == address else f"{broker} ({address})"
+            # A process reaches a broker when it needs it: one it needed for nothing for a
+            # while after it came back is reached late, and the outage looks longer than it was.
+            since_last = record.created - outage.last
+            last = f", the last {since_last:.1f} s ago" if since_last > RECOVERY_GRACE_S else ""
             lines.append(
                 f"Kafka broker {where} reachable again after {outage.attempts} failed connection "
-                f"attempt{'s' if outage.attempts != 1 else ''} over {record.created - outage.since:.1f} s "
+                f"attempt{'s' if outage.attempts != 1 else ''} over {record.created - outage.since:.1f} s{last} "
                 f"({self.retried - outage.retried_before} retried client errors logged at DEBUG meanwhile)"
             )
         if not self.outages:

@@ -123,7 +123,19 @@ def test_a_broker_that_fails_again_later_is_a_new_outage(output: io.StringIO, mo
     now[0] += RECOVERY_GRACE_S
     outage_noise(2, 9093, times=2)
     assert ["unreachable" in line for line in lines(output)] == [True, False, True]
-    assert "after 2 failed connection attempts over 3.0 s" in lines(output)[1]
+    assert "after 2 failed connection attempts over 3.0 s (" in lines(output)[1]
+
+
+def test_a_broker_reached_long_after_its_last_failed_attempt_says_when_that_was(output: io.StringIO, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process that needed the broker for nothing for a while after it came back."""
+    now = [1000.0]
+    monkeypatch.setattr(time, "time", lambda: now[0])
+    outage_noise(2, 9093, times=1)
+    now[0] += 60
+    outage_noise(2, 9093, times=1)
+    now[0] += 120
+    CONN.debug(RESPONSE, "127.0.0.1", 9093, 8, "MetadataResponse(...)")
+    assert "after 2 failed connection attempts over 180.0 s, the last 120.0 s ago (" in lines(output)[1]
 
 
 def test_at_debug_the_repeats_are_there_and_the_client_debug_lines_are_not() -> None:
