@@ -6,8 +6,8 @@ switches them and keeps the new one up; the old one goes once readers have left 
 from __future__ import annotations
 
 import asyncio
-import io
 import threading
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,7 +17,6 @@ pytest.importorskip("pyspark")
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from rich.console import Console
 
 import esk
 from esk.projections.catalog import Tables
@@ -51,7 +50,7 @@ VERSION_2 = esk.Projection(replace(TOTALS.model, version=2), TOTALS.columns, _te
 
 
 async def test_a_changed_read_model_is_refused_one_shot_and_built_again_by_a_continuous_run(
-    settings: Settings, spark: SparkSession, tmp_path: Path
+    settings: Settings, spark: SparkSession, tmp_path: Path, runner_said: Callable[[], str]
 ) -> None:
     settings = users_settings(settings, tmp_path, old_generations_kept_s=0)
     tables = Tables(settings.projections.warehouse_dir)
@@ -66,11 +65,8 @@ async def test_a_changed_read_model_is_refused_one_shot_and_built_again_by_a_con
             await asyncio.to_thread(run, settings, VERSION_2, spark=spark)
         assert tables.current_generation(NAME) == 1
 
-        said = io.StringIO()
         stop = StopRequest()
-        continuous = threading.Thread(
-            target=run, args=(settings, VERSION_2, True), kwargs={"spark": spark, "stop": stop, "console": Console(file=said, soft_wrap=True)}
-        )
+        continuous = threading.Thread(target=run, args=(settings, VERSION_2, True), kwargs={"spark": spark, "stop": stop})
         continuous.start()
         try:
             await wait_for(lambda: tables.current_generation(NAME) == 2, timeout_s=300, what="readers switched to generation 2")
@@ -85,7 +81,7 @@ async def test_a_changed_read_model_is_refused_one_shot_and_built_again_by_a_con
             stop.asked.set()
             await asyncio.to_thread(continuous.join, 120)
         assert not continuous.is_alive()
-    output = said.getvalue()
+    output = runner_said()
     assert (
         f"{NAME}: generation 1 was built by another version of the read model (version 1, now 2): building generation 2 "
         "from the earliest offsets; readers stay on 1 until it has caught up"
@@ -111,7 +107,7 @@ async def test_a_run_of_older_code_that_follows_a_rebuild_is_refused_not_built_b
 
         def older_driver() -> None:
             try:
-                run(settings, TOTALS, True, spark=spark, stop=stop, console=Console(file=io.StringIO()))
+                run(settings, TOTALS, True, spark=spark, stop=stop)
             except BaseException as error:  # the thread's end: what the supervisor would see
                 failed.append(error)
 
@@ -154,7 +150,7 @@ async def test_a_rebuild_beside_readers_takes_the_catch_up_turn_a_batch_at_a_tim
         await asyncio.to_thread(run, settings, TOTALS, spark=spark)  # generation 1, of the older code
         stop = StopRequest()
         driver = threading.Thread(
-            target=runner.run_several, args=(settings, [VERSION_2, ADDS], True), kwargs={"stop": stop, "console": Console(file=io.StringIO())}
+            target=runner.run_several, args=(settings, [VERSION_2, ADDS], True), kwargs={"stop": stop}
         )
         driver.start()
         try:

@@ -5,7 +5,6 @@ tests/projections/test_stop.py stops real runs."""
 
 from __future__ import annotations
 
-import io
 import logging
 import re
 import signal
@@ -13,7 +12,6 @@ import traceback
 from dataclasses import dataclass
 
 import pytest
-from rich.console import Console
 
 pytest.importorskip("pyspark")
 
@@ -123,7 +121,7 @@ def test_py4j_does_not_log_a_batch_interrupted_by_the_stop() -> None:
 def test_the_other_signal_after_the_first_is_the_same_stop_and_the_same_again_stops_at_once() -> None:
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        stop = stop_on_signals(Console(file=io.StringIO()))
+        stop = stop_on_signals()
         handler = signal.getsignal(signal.SIGINT)
         assert callable(handler) and handler is signal.getsignal(signal.SIGTERM)
         handler(signal.SIGINT, None)  # Ctrl-C in the terminal

@@ -5,13 +5,11 @@ and a user's read model that fails on one event, against the real broker and Spa
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from rich.console import Console
 
 from esk.projections.parking import (
     PARKED_PER_BATCH_MAX,
@@ -143,7 +141,8 @@ def test_held_back_are_a_parked_aggregates_events_from_its_parked_one_on_and_not
 @pytest.mark.spark
 @pytest.mark.parametrize("on_driver", [True, False], ids=["delta-rs", "spark-merge"])
 async def test_an_event_that_fails_the_read_model_parks_its_aggregate_and_the_others_go_on(
-    settings: Settings, spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, on_driver: bool
+    settings: Settings, spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, on_driver: bool,
+    runner_said: Callable[[], str],
 ) -> None:
     settings = settings.model_copy(
         update={
@@ -156,8 +155,6 @@ async def test_an_event_that_fails_the_read_model_parks_its_aggregate_and_the_ot
     )
     rows = ReadModelRows(settings)
     tables = Tables(settings.projections.warehouse_dir)
-    said = io.StringIO()
-    console = Console(file=said, soft_wrap=True, width=250)
     async with system(settings) as s:
 
         async def send(counter: str, command: str, body: dict[str, int]) -> None:
@@ -167,11 +164,11 @@ async def test_an_event_that_fails_the_read_model_parks_its_aggregate_and_the_ot
             await send(counter, "start", {})
         for counter, n in (("c1", 2), ("c2", 5), ("c2", UNLUCKY), ("c2", 1), ("c3", 4), ("c4", UNLUCKY)):
             await send(counter, "add", {"n": n})
-        await asyncio.to_thread(run, settings, LUCKY, spark=spark, console=console)
+        await asyncio.to_thread(run, settings, LUCKY, spark=spark)
 
         everything = {r["counter_id"]: (r["total"], r["version"]) for r in rows.read("lucky_totals", {}, limit=10)}
         # c2 up to its 13 (its start and its 5), c4 up to its 13 (its start); the others whole
-        assert everything == {"c1": (2, 2), "c2": (5, 2), "c3": (4, 2), "c4": (0, 1)}, said.getvalue()
+        assert everything == {"c1": (2, 2), "c2": (5, 2), "c3": (4, 2), "c4": (0, 1)}, runner_said()
         parked = rows.parked("lucky_totals")
         assert sorted((p.aggregate_id, p.event_type, p.batch_id) for p in parked) == [("c2", "Added", 0), ("c4", "Added", 0)]
         assert all("13 is not a number this read model takes" in p.reason for p in parked), parked
@@ -180,24 +177,24 @@ async def test_an_event_that_fails_the_read_model_parks_its_aggregate_and_the_ot
         # the next batch: a parked aggregate's later events stay out, the others' go in
         await send("c2", "add", {"n": 100})
         await send("c1", "add", {"n": 10})
-        await asyncio.to_thread(run, settings, LUCKY, spark=spark, console=console)
+        await asyncio.to_thread(run, settings, LUCKY, spark=spark)
         everything = {r["counter_id"]: (r["total"], r["version"]) for r in rows.read("lucky_totals", {}, limit=10)}
-        assert everything == {"c1": (12, 3), "c2": (5, 2), "c3": (4, 2), "c4": (0, 1)}, said.getvalue()
+        assert everything == {"c1": (12, 3), "c2": (5, 2), "c3": (4, 2), "c4": (0, 1)}, runner_said()
         assert len(rows.parked("lucky_totals")) == 2  # parked once, not again
 
         # the same failure once more, in a batch of its own: a one-off still, parked
         await send("c5", "start", {})
         await send("c5", "add", {"n": UNLUCKY})
-        await asyncio.to_thread(run, settings, LUCKY, spark=spark, console=console)
+        await asyncio.to_thread(run, settings, LUCKY, spark=spark)
         assert sorted(p.aggregate_id for p in rows.parked("lucky_totals")) == ["c2", "c4", "c5"]
         # and again: SAME_FAILURE_MAX times the same failure on Added is the read model's
         await send("c6", "start", {})
         await send("c6", "add", {"n": UNLUCKY})
         with pytest.raises(Exception, match="13 is not a number this read model takes"):
-            await asyncio.to_thread(run, settings, LUCKY, spark=spark, console=console)
+            await asyncio.to_thread(run, settings, LUCKY, spark=spark)
         assert len(rows.parked("lucky_totals")) == SAME_FAILURE_MAX
 
-    output = said.getvalue()
+    output = runner_said()
     assert "lucky_totals g1 batch 0 failed (" in output and "looking for the event that fails it" in output
     assert "lucky_totals g1: parked counters 'c2': its Added at partition" in output
 
@@ -229,7 +226,7 @@ async def test_an_event_that_fails_the_read_model_parks_its_aggregate_and_the_ot
 @pytest.mark.kafka
 @pytest.mark.spark
 async def test_a_read_model_that_fails_on_every_event_parks_nothing_and_fails(
-    settings: Settings, spark: SparkSession, tmp_path: Path
+    settings: Settings, spark: SparkSession, tmp_path: Path, runner_said: Callable[[], str]
 ) -> None:
     """A failure that is the read model's, not an event's (on every event of a kind, here)
     parks nothing: past PARKED_PER_BATCH_MAX aggregates, the batch fails, as with parking
@@ -249,15 +246,14 @@ async def test_a_read_model_that_fails_on_every_event_parks_nothing_and_fails(
             "projections": settings.projections.model_copy(update={"warehouse_dir": tmp_path / "warehouse"}),
         }
     )
-    said = io.StringIO()
     async with system(settings) as s:
         for counter in [f"c{n}" for n in range(PARKED_PER_BATCH_MAX + 2)]:
             assert (await s.client.post(f"/v1/counters/{counter}/start", json={})).status_code == 200
         with pytest.raises(Exception, match="the read model's own bug"):
-            await asyncio.to_thread(run, settings, broken, spark=spark, console=Console(file=said, soft_wrap=True))
+            await asyncio.to_thread(run, settings, broken, spark=spark)
     assert Tables(settings.projections.warehouse_dir).parked("lucky_totals", 1).load() == []
-    assert "parked" not in said.getvalue()
-    assert "looking for the event that fails it" in said.getvalue()
+    assert "parked" not in runner_said()
+    assert "looking for the event that fails it" in runner_said()
 
 
 @pytest.mark.kafka
@@ -285,6 +281,5 @@ async def test_a_batch_whose_earlier_step_was_written_parks_nothing(settings: Se
         for command, body in (("start", {}), ("add", {"n": UNLUCKY})):
             assert (await s.client.post(f"/v1/counters/c1/{command}", json=body)).status_code == 200
         with pytest.raises(Exception, match="13 is not a number this read model takes"):
-            await asyncio.to_thread(run, settings, esk.Projection(LUCKY.model, LUCKY.columns, in_two_steps), spark=spark,
-                                    console=Console(file=io.StringIO()))
+            await asyncio.to_thread(run, settings, esk.Projection(LUCKY.model, LUCKY.columns, in_two_steps), spark=spark)
     assert Tables(settings.projections.warehouse_dir).parked("lucky_totals", 1).load() == []

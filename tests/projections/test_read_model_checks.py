@@ -4,7 +4,6 @@ with a writer that writes nothing (runner._check_plan, catalog.PlanCheck). Spark
 
 from __future__ import annotations
 
-import io
 import subprocess
 import sys
 from collections.abc import Callable
@@ -18,7 +17,6 @@ pytest.importorskip("pyspark")
 from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
-from rich.console import Console
 
 import esk
 from domain.accounts import Deposited, accounts
@@ -214,7 +212,9 @@ class _Query:
         self.lastProgress: dict[str, Any] | None = None
 
 
-def test_a_batch_stalled_for_want_of_a_broker_is_told_once_and_its_end_once(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_batch_stalled_for_want_of_a_broker_is_told_once_and_its_end_once(
+    monkeypatch: pytest.MonkeyPatch, runner_said: Callable[[], str]
+) -> None:
     clock = [1000.0]
     answers = [True]
     asked: list[float] = []
@@ -225,8 +225,7 @@ def test_a_batch_stalled_for_want_of_a_broker_is_told_once_and_its_end_once(monk
 
     monkeypatch.setattr(runner.time, "monotonic", lambda: clock[0])
     monkeypatch.setattr(runner, "_broker_answers", broker_answers)
-    said = io.StringIO()
-    watch = runner._StalledBatch(Settings(_env_file=None), Console(file=said, width=300), "totals")
+    watch = runner._StalledBatch(Settings(_env_file=None), "totals")
     query = _Query()
 
     def look(after_s: float) -> None:
@@ -239,14 +238,14 @@ def test_a_batch_stalled_for_want_of_a_broker_is_told_once_and_its_end_once(monk
     look(2)  # long: a broker answers, so it is only a long batch
     answers[0] = False
     look(1)  # asked at most once per STALL_CHECK_S
-    assert len(asked) == 1 and said.getvalue() == ""
+    assert len(asked) == 1 and runner_said() == ""
     look(STALL_CHECK_S)
     look(STALL_CHECK_S)
-    assert said.getvalue().splitlines() == [f"totals: a batch has waited {2 * STALL_CHECK_S + 2:.0f}s and no Kafka broker answers: it goes on once one does"]
+    assert runner_said().splitlines() == [f"totals: a batch has waited {2 * STALL_CHECK_S + 2:.0f}s and no Kafka broker answers: it goes on once one does"]
     assert len(asked) == 2, "told once: not asked again"
     query.lastProgress = {"batchId": 7}  # it went through
     look(1)
-    assert said.getvalue().splitlines()[-1] == "totals: Kafka answers again: the batch went through"
+    assert runner_said().splitlines()[-1] == "totals: Kafka answers again: the batch went through"
     answers[0] = True
     look(STALL_CHECK_S + 1)  # the next batch: watched afresh
-    assert len(asked) == 3 and len(said.getvalue().splitlines()) == 2
+    assert len(asked) == 3 and len(runner_said().splitlines()) == 2

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -208,8 +208,6 @@ def test_a_standby_waits_for_the_generation_readers_use_not_the_one_they_left(tm
     """A continuous run waiting for generation 1 (another run keeps it), when a rebuild
     moves readers to generation 2: it takes 2 at once, not once 1 is let go."""
     pytest.importorskip("pyspark")
-    from rich.console import Console
-
     from esk.projections.runner import StopRequest, _Waiting, hold_generation
 
     tables = Tables(tmp_path)
@@ -217,7 +215,7 @@ def test_a_standby_waits_for_the_generation_readers_use_not_the_one_they_left(tm
     with _held_elsewhere(tables.run_lock("totals", 1).path):
         threading.Timer(1.0, tables.switch, ("totals", 2)).start()
         started = time.monotonic()
-        held = hold_generation(tables, "totals", False, _Waiting(StopRequest(), Console(soft_wrap=True)))
+        held = hold_generation(tables, "totals", False, _Waiting(StopRequest()))
         assert held is not None and held.lock.generation == 2 and time.monotonic() - started < 10
         held.lock.release()
 
@@ -266,14 +264,12 @@ def _projection(name: str) -> Projection:
 
 @pytest.mark.parametrize("other", ["a rebuild that ends", "a run that keeps it", "none: a stop"])
 def test_a_continuous_run_follows_readers_to_a_new_generation_waiting_for_the_run_that_keeps_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], other: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, runner_said: Callable[[], str], other: str
 ) -> None:
     """runner.run's following, its generations' work (`_keep`: Spark's) stood in for:
     readers moved to generation 2 while it kept generation 1, and generation 2 is held
     by the rebuild that built it, or by another continuous run."""
     pytest.importorskip("pyspark")
-    from rich.console import Console
-
     from esk.projections import runner
 
     tables = Tables(tmp_path)
@@ -294,16 +290,15 @@ def test_a_continuous_run_follows_readers_to_a_new_generation_waiting_for_the_ru
         return runner.RunSummary("totals", held.lock.generation, batches=1, caught_up=True)
 
     monkeypatch.setattr(runner, "_keep", keep)
-    console = Console(soft_wrap=True)
     if other == "a rebuild that ends":
         assert elsewhere.acquire()
         ends = elsewhere.release
-        summary = runner.run(_settings(tmp_path), _projection("totals"), continuous=True, console=console, spark=object(), stop=stop)  # type: ignore[arg-type]
+        summary = runner.run(_settings(tmp_path), _projection("totals"), continuous=True, spark=object(), stop=stop)  # type: ignore[arg-type]
     else:
         with _held_elsewhere(elsewhere.path) as holder:
             ends = holder.kill
-            summary = runner.run(_settings(tmp_path), _projection("totals"), continuous=True, console=console, spark=object(), stop=stop)  # type: ignore[arg-type]
-    output = capsys.readouterr().out
+            summary = runner.run(_settings(tmp_path), _projection("totals"), continuous=True, spark=object(), stop=stop)  # type: ignore[arg-type]
+    output = runner_said()
     assert "totals: readers were moved to generation 2 by another run: keeping that one up now" in output
     if other == "none: a stop":
         assert kept == [(1, False)] and summary.standby and summary.batches == 1
@@ -328,13 +323,13 @@ def test_a_run_stopped_before_it_held_a_generation_says_so_and_no_lag_it_does_no
     Tables(tmp_path).switch("totals", 1)
     stop = runner.StopRequest()
     stop.asked.set()
-    summary = runner.run(_settings(tmp_path), _projection("totals"), continuous=True, console=Console(), spark=object(), stop=stop)  # type: ignore[arg-type]
+    summary = runner.run(_settings(tmp_path), _projection("totals"), continuous=True, spark=object(), stop=stop)  # type: ignore[arg-type]
     assert (summary.started, summary.standby) == (False, False)
     console = Console(record=True, width=200)
     runner._print_summaries([summary, runner.RunSummary("adds", 2), runner.RunSummary("ends", 1, batches=3, lag={"t/0": 0}, caught_up=True)], console)
     assert console.export_text().splitlines() == [
         "totals: stopped before it started",
-        "adds: generation 2, 0 batches, 0 events, 0 rows merged",
+        "adds: generation 2, 0 batches, 0 events, 0 rows written",
         "adds: stopped before it caught up; readers stay where they were",
-        "ends: generation 1, 3 batches, 0 events, 0 rows merged; lag 0",
+        "ends: generation 1, 3 batches, 0 events, 0 rows written; lag 0",
     ]

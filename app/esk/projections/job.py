@@ -10,6 +10,7 @@ import os
 
 from rich.console import Console
 
+from esk.logs import configure_logging
 from esk.projections.catalog import configured_read_models, select_read_models
 from esk.projections.runner import RunFailed, run_and_report, stop_on_signals
 from esk.settings import Settings
@@ -17,6 +18,7 @@ from esk.settings import Settings
 
 def main() -> None:
     settings = Settings()
+    configure_logging(settings.log_level, settings.log_format)
     read_models = configured_read_models(settings)
     parser = argparse.ArgumentParser(description="Run esk read models under spark-submit, together in one driver.")
     parser.add_argument("names", nargs="*", metavar="NAME", help=f"of {', '.join(sorted(read_models))}")
@@ -31,7 +33,7 @@ def main() -> None:
     os.environ["ESK_SPARK_SUBMITTED"] = "1"  # the master comes from spark-submit, not from settings
     console = Console(stderr=True, soft_wrap=True, emoji=False)
     try:
-        code = run_and_report(settings, chosen, args.continuous, args.rebuild, console, stop_on_signals(console))
+        code = run_and_report(settings, chosen, args.continuous, args.rebuild, console, stop_on_signals())
     except RunFailed as failed:
         if failed.told_in_a_line:
             raise SystemExit(str(failed)) from None

@@ -52,6 +52,10 @@ from .session import spark_session
 # still copies its source first, Delta's default: a source that reads the batch and the
 # table several times is cheaper to read once.)
 DELTA_CONF = {"spark.databricks.delta.snapshotPartitions": "2"}
+# What a run says goes to the process's log, as every esk process's does (one handler:
+# text or JSON lines); only the closing summaries go to the console `run_and_report` is given.
+log = logging.getLogger(__name__)
+
 # New tables keep the log and the files that compaction replaced for a day, not Delta's
 # 30 and 7 days: a read model has no use for time travel, and a reader's snapshot lives
 # for one request.
@@ -113,7 +117,6 @@ def run(
     projection: Projection,
     continuous: bool = False,
     rebuild: bool = False,
-    console: Console | None = None,
     spark: SparkSession | None = None,
     stop: StopRequest | None = None,
     catch_up_turn: threading.Lock | None = None,
@@ -129,13 +132,12 @@ def run(
     lock unless the caller took it (`held`): while another run holds it, a one-shot run or
     a rebuild is refused (GenerationBusy), and a continuous run waits, a standby that says
     who holds it (its driver started first, to tell whether the read model changed)."""
-    console = console or Console(stderr=True, soft_wrap=True, emoji=False)
     stop = stop or StopRequest()
     name = projection.model.name
     _check_reads(settings, projection)
     tables = Tables(settings.projections.warehouse_dir)
     if held is None:
-        waiting = _Waiting(stop, console) if continuous and not rebuild else None
+        waiting = _Waiting(stop) if continuous and not rebuild else None
         changed = None
         # Not when following: the run that moved readers built the generation from newer
         # code than this one's, likely; building again from this code would move them back
@@ -143,23 +145,23 @@ def run(
         # instead, and its supervisor starts it again with the code there is now.
         if waiting is not None and settings.projections.rebuild_changed and not following:
             spark = spark or _driver_session(settings, f"esk-project-{name}")
-            changed = partial(_built_otherwise, spark, tables, projection, console)
+            changed = partial(_built_otherwise, spark, tables, projection)
         held = hold_generation(tables, name, rebuild, waiting, changed)
     if held is None:  # asked to stop before it held one
         waited = waiting is not None and waiting.waited
         return RunSummary(name, tables.current_generation(name) or 0, standby=waited, started=False)
     with held.lock:
         spark = spark or _driver_session(settings, f"esk-project-{name}")
-        summary = _keep(settings, projection, held, continuous, console, spark, stop, catch_up_turn)
+        summary = _keep(settings, projection, held, continuous, spark, stop, catch_up_turn)
     moved_to = tables.current_generation(name)
     if not continuous or stop.asked.is_set() or moved_to is None or moved_to <= held.lock.generation:
         return summary
     # `esk project run NAME --rebuild` elsewhere (a one-off beside `esk dev`, or a cluster's
     # pod) moved readers to the generation it built, and then ends: this run keeps that one
     # up from now on, once that run has let go of it, or readers would see it stand still.
-    console.print(f"{name}: readers were moved to generation {moved_to} by another run: keeping that one up now", highlight=False)
+    log.info(f"{name}: readers were moved to generation {moved_to} by another run: keeping that one up now")
     try:
-        then = run(settings, projection, continuous, False, console, spark, stop, catch_up_turn, following=True)
+        then = run(settings, projection, continuous, False, spark, stop, catch_up_turn, following=True)
     except ReadModelChanged as error:
         raise BuiltByOtherCode(
             f"readers were moved to generation {moved_to}, built by other code than this run's ({error.changes}): this run "
@@ -199,7 +201,7 @@ def hold_generation(
         lock.release()
 
 
-def _built_otherwise(spark: SparkSession, tables: Tables, projection: Projection, console: Console, generation: int) -> bool:
+def _built_otherwise(spark: SparkSession, tables: Tables, projection: Projection, generation: int) -> bool:
     """Whether `generation` was built by another version of the read model (other columns,
     partitioning or version): a continuous run then builds a new one from the earliest
     offsets, as `--rebuild` does, where a one-shot run is refused."""
@@ -211,10 +213,9 @@ def _built_otherwise(spark: SparkSession, tables: Tables, projection: Projection
     # built by newer code than this run's: refused, not built back
     if not built.changes or built.version > model.version:
         return False
-    console.print(
+    log.info(
         f"{model.name}: generation {generation} was built by another version of the read model ({'; '.join(built.changes)}): "
         f"building generation {generation + 1} from the earliest offsets; readers stay on {generation} until it has caught up",
-        highlight=False,
     )
     return True
 
@@ -230,7 +231,6 @@ class _Waiting:
     it every LOCK_REPORT_EVERY_S, until a stop is asked or readers move."""
 
     stop: StopRequest
-    console: Console
     waited: bool = False  # found the generation kept by another run
 
     def take(self, lock: GenerationLock, moved: Callable[[], bool]) -> bool:
@@ -242,8 +242,8 @@ class _Waiting:
             except GenerationBusy as busy:
                 self.waited = True
                 if reported is None or time.monotonic() - reported >= LOCK_REPORT_EVERY_S:
-                    self.console.print(
-                        f"{lock.name}: waiting for generation {lock.generation}, which another run keeps ({busy.holder})", highlight=False
+                    log.info(
+                        f"{lock.name}: waiting for generation {lock.generation}, which another run keeps ({busy.holder})"
                     )
                     reported = time.monotonic()
         return False
@@ -254,7 +254,6 @@ def _keep(
     projection: Projection,
     held: Held,
     continuous: bool,
-    console: Console,
     spark: SparkSession,
     stop: StopRequest,
     catch_up_turn: threading.Lock | None,
@@ -353,9 +352,8 @@ def _keep(
         summary.batches += 1
         summary.events += count
         summary.rows += rows
-        console.print(
-            f"{name} g{generation} batch {batch_id}: {count:,} events, {rows:,} rows merged in {time.perf_counter() - started:.2f}s",
-            highlight=False,
+        log.info(
+            f"{name} g{generation} batch {batch_id}: {count:,} events, {rows:,} rows written in {time.perf_counter() - started:.2f}s"
         )
 
     def apply(events: DataFrame, writer: BatchWriter) -> int:
@@ -380,8 +378,7 @@ def _keep(
         kind = _failure_kind(error)
         if not settings.projections.park_failing_events or not writer.events or kind is None or writer.written:
             raise error
-        console.print(f"{name} g{generation} batch {batch_id} failed ({_in_a_line(error)}): looking for the event that fails it",
-                      highlight=False)
+        log.warning(f"{name} g{generation} batch {batch_id} failed ({_in_a_line(error)}): looking for the event that fails it")
 
         def fails(part: DataFrame) -> str | None:
             """Why `part` fails as the batch did; None when it does not fail. Another failure
@@ -414,11 +411,10 @@ def _keep(
         parking.add(batch_id, newly)
         parked.extend(newly)
         for p in newly:
-            console.print(
+            log.warning(
                 f"{name} g{generation}: parked {p.aggregate_type} {p.aggregate_id!r}: its {p.event_type} at partition "
                 f"{p.partition}, offset {p.offset}, fails the read model ({p.reason}); its events are held back from there "
                 "until a rebuild (`esk project parked` lists them)",
-                highlight=False,
             )
         return newly
 
@@ -434,19 +430,19 @@ def _keep(
             return summary
 
         # A one-shot run tells of an outage; its caller runs it again.
-        watched = _WatchedQuery(lambda: writer().trigger(availableNow=True).start(), settings, stop, console, name, continuous)
+        watched = _WatchedQuery(lambda: writer().trigger(availableNow=True).start(), settings, stop, name, continuous)
         try:
             while watched.goes_on() and not moved_on():
                 pass
         except BaseException:  # a caller's Ctrl-C, or the query's failure: no query outlives the run's lock (_stop)
-            _stop(watched.query, console, name)
+            _stop(watched.query, name)
             raise
         if watched.failed:  # a stop was asked during an outage
             return summary
         query = watched.query
         stopped = query.isActive
         if stopped:
-            _stop_between_batches(query, stop, console, name)
+            _stop_between_batches(query, stop, name)
     catching_up.clear()
     summary.lag = _lag(query.lastProgress)
     if leaving.is_set():
@@ -458,22 +454,22 @@ def _keep(
         return summary  # readers stay on the generation they use
     if held.building:
         tables.switch(name, generation)  # caught up: readers move over now, never earlier
-        console.print(f"{name}: readers now use generation {generation} ({path})", highlight=False)
+        log.info(f"{name}: readers now use generation {generation} ({path})")
     kept_s = settings.projections.old_generations_kept_s
     if not continuous:
-        _retire(tables, name, kept_s, console)
+        _retire(tables, name, kept_s)
     if continuous and not stop.asked.is_set():
         trigger = f"{settings.projections.trigger_interval_s} seconds"
-        watched = _WatchedQuery(lambda: writer().trigger(processingTime=trigger).start(), settings, stop, console, name, True)
+        watched = _WatchedQuery(lambda: writer().trigger(processingTime=trigger).start(), settings, stop, name, True)
         report_every_s = max(LAG_REPORT_EVERY_S, round(settings.projections.trigger_interval_s * 2))
         reported = vacuumed = retired = time.monotonic()
-        retiring = _retire_beside(tables, name, kept_s, console)
+        retiring = _retire_beside(tables, name, kept_s)
         try:
             while watched.goes_on() and not moved_on():
                 if time.monotonic() - reported > report_every_s:
                     lag = _lag(watched.query.lastProgress)
                     if lag != summary.lag:  # a read model that keeps up says so once, not every few seconds
-                        console.print(f"{name} lag per partition: {lag or 'none'}", highlight=False)
+                        log.info(f"{name} lag per partition: {lag or 'none'}")
                     summary.lag = lag
                     reported = time.monotonic()
                 if time.monotonic() - vacuumed > VACUUM_EVERY_S:
@@ -482,13 +478,13 @@ def _keep(
                     _vacuum(str(path))
                     vacuumed = time.monotonic()
                 if time.monotonic() - retired > RETIRE_EVERY_S and not retiring.is_alive():
-                    retiring = _retire_beside(tables, name, kept_s, console)
+                    retiring = _retire_beside(tables, name, kept_s)
                     retired = time.monotonic()
         except KeyboardInterrupt:  # a caller's Ctrl-C (the CLI's signals only ask)
             pass
         finally:
             if not watched.failed:  # a failed query has nothing to stop
-                _stop_between_batches(watched.query, stop, console, name)
+                _stop_between_batches(watched.query, stop, name)
             summary.lag = _lag(watched.query.lastProgress)
     return summary
 
@@ -560,7 +556,6 @@ def run_several(
     projections: Sequence[Projection],
     continuous: bool = False,
     rebuild: bool = False,
-    console: Console | None = None,
     stop: StopRequest | None = None,
 ) -> list[RunSummary]:
     """`run` for each read model, all in one driver: one JVM and its memory, rather than one
@@ -587,7 +582,7 @@ def run_several(
             name = projection.model.name
             try:
                 taken = held.pop(name, None)  # `run` lets go of it now
-                summaries[name] = run(settings, projection, continuous, rebuild, console, spark.newSession(), stop, catch_up_turn, taken)
+                summaries[name] = run(settings, projection, continuous, rebuild, spark.newSession(), stop, catch_up_turn, taken)
             except BaseException as error:  # the thread's end: whatever it was, the run failed
                 failures.append(RunFailed(name, error))
                 stop.asked.set()
@@ -646,7 +641,7 @@ def run_and_report(
     readers had moved to the new generation; a supervisor's stop of a continuous run is its
     end, 0."""
     try:
-        summaries = run_several(settings, projections, continuous, rebuild, console, stop)
+        summaries = run_several(settings, projections, continuous, rebuild, stop)
     except RunFailed as failed:
         _print_summaries(failed.others, console)
         raise
@@ -664,7 +659,7 @@ def _print_summaries(summaries: Sequence[RunSummary], console: Console) -> None:
         lag = f"; lag {sum(summary.lag.values())}" if summary.lag else ""
         console.print(
             f"{summary.name}: generation {summary.generation}, {summary.batches} batches, {summary.events:,} events, "
-            f"{summary.rows:,} rows merged{lag}",
+            f"{summary.rows:,} rows written{lag}",
             highlight=False,
         )
         if not summary.caught_up:
@@ -828,7 +823,7 @@ class StopRequest:
     now: threading.Event = field(default_factory=threading.Event)
 
 
-def stop_on_signals(console: Console) -> StopRequest:
+def stop_on_signals() -> StopRequest:
     """A stop request that SIGTERM (a supervisor's stop) or SIGINT makes: the first asks
     `run` to stop between batches, the same signal again to stop at once. (By Python's
     default, SIGTERM ends the process in the middle of a batch, its JVM with it.) The other
@@ -845,7 +840,7 @@ def stop_on_signals(console: Console) -> StopRequest:
                 set_from_signal_handler(stop.now)
             return
         first.append(signum)
-        console.print(f"{signal.Signals(signum).name}: stopping after the batch in flight", highlight=False)
+        log.info(f"{signal.Signals(signum).name}: stopping after the batch in flight")
         set_from_signal_handler(stop.asked)
 
     for stop_signal in (signal.SIGINT, signal.SIGTERM):
@@ -874,19 +869,17 @@ class _WatchedQuery:
         start: Callable[[], StreamingQuery],
         settings: Settings,
         stop: StopRequest,
-        console: Console,
         name: str,
         outlives_outages: bool,
     ) -> None:
         self._start = start
         self._settings = settings
         self._stop = stop
-        self._console = console
         self._name = name
         self._outlives_outages = outlives_outages
         self.query = start()
         self.failed = False  # the query failed (and a stop was asked before a broker answered)
-        self._stalled = _StalledBatch(settings, console, name)
+        self._stalled = _StalledBatch(settings, name)
 
     def goes_on(self) -> bool:
         """Waits POLL_S at most for the query; whether it goes on: False once it has ended,
@@ -899,10 +892,10 @@ class _WatchedQuery:
             self.failed = True
             if not self._outlives_outages:
                 raise
-            if not _outage_over(error, self._settings, self._stop, self._console, self._name):
+            if not _outage_over(error, self._settings, self._stop, self._name):
                 return False
             self.query, self.failed = self._start(), False  # the outage is told
-            self._stalled = _StalledBatch(self._settings, self._console, self._name)
+            self._stalled = _StalledBatch(self._settings, self._name)
             return True
         self._stalled.look(self.query)
         return True
@@ -1009,17 +1002,17 @@ def _kafka_cause(told: str) -> str:
     return told[found.start() :].splitlines()[0].removeprefix("org.apache.kafka.common.errors.")
 
 
-def _outage_over(error: CapturedException, settings: Settings, stop: StopRequest, console: Console, name: str) -> bool:
+def _outage_over(error: CapturedException, settings: Settings, stop: StopRequest, name: str) -> bool:
     """A continuous run's query gives up when its broker stays away for a few of its request
     timeouts: it starts again from its checkpoint once one answers (True), in this driver,
     rather than end the run and have a supervisor start a cold one. False: a stop was asked
     meanwhile. Raises `error` when it is not a broker away."""
     if not _kafka_away(error):
         raise error
-    console.print(f"{name}: no Kafka broker answered ({_kafka_cause(str(error))}): it goes on once one does", highlight=False)
+    log.warning(f"{name}: no Kafka broker answered ({_kafka_cause(str(error))}): it goes on once one does")
     if not _until_kafka_answers(settings, stop):
         return False
-    console.print(f"{name}: Kafka answers again: going on", highlight=False)
+    log.info(f"{name}: Kafka answers again: going on")
     return True
 
 
@@ -1046,9 +1039,8 @@ class _StalledBatch:
     once when it has ended: the query itself says nothing until its Kafka requests have
     retried for as long as their timeouts allow, minutes later, or until the broker is back."""
 
-    def __init__(self, settings: Settings, console: Console, name: str) -> None:
+    def __init__(self, settings: Settings, name: str) -> None:
         self.settings = settings
-        self.console = console
         self.name = name
         self._finished: int | None = None  # the query's last finished batch, as last seen
         self._since = self._checked = time.monotonic()
@@ -1059,7 +1051,7 @@ class _StalledBatch:
         finished = _batch_id(query)
         if finished != self._finished or not query.status["isTriggerActive"]:
             if self._told and finished != self._finished:
-                self.console.print(f"{self.name}: Kafka answers again: the batch went through", highlight=False)
+                log.info(f"{self.name}: Kafka answers again: the batch went through")
             self._finished, self._since, self._told = finished, now, False
             return
         if self._told or now - self._since < STALL_CHECK_S or now - self._checked < STALL_CHECK_S:
@@ -1067,13 +1059,12 @@ class _StalledBatch:
         self._checked = now
         if not _broker_answers(self.settings):
             self._told = True
-            self.console.print(
-                f"{self.name}: a batch has waited {now - self._since:.0f}s and no Kafka broker answers: it goes on once one does",
-                highlight=False,
+            log.warning(
+                f"{self.name}: a batch has waited {now - self._since:.0f}s and no Kafka broker answers: it goes on once one does"
             )
 
 
-def _stop_between_batches(query: StreamingQuery, stop: StopRequest, console: Console, name: str, wait_s: float = STOP_WAIT_S) -> None:
+def _stop_between_batches(query: StreamingQuery, stop: StopRequest, name: str, wait_s: float = STOP_WAIT_S) -> None:
     """Stops the query once the batch in flight has ended (and committed its offsets), or at
     once when `stop.now` is set or after `wait_s`: a batch stopped midway is work thrown
     away, to be done again. Waits for that batch, not for a pause between batches, which a
@@ -1096,15 +1087,15 @@ def _stop_between_batches(query: StreamingQuery, stop: StopRequest, console: Con
         pass
     # A query that is behind has started its next batch by now: the stop cuts that one short
     # at its start, and it runs again at the next start, as one cut short here does.
-    _stop(query, console, name)
+    _stop(query, name)
     if not ended:
-        console.print(f"{name}: stopped in the middle of a batch; it runs again at the next start", highlight=False)
+        log.warning(f"{name}: stopped in the middle of a batch; it runs again at the next start")
     failure = query.exception()  # a batch that failed meanwhile, not one the stop cut short
     if failure is not None:
         raise failure
 
 
-def _stop(query: StreamingQuery, console: Console, name: str) -> None:
+def _stop(query: StreamingQuery, name: str) -> None:
     """Stops the query, or leaves it after QUERY_STOP_TIMEOUT_S: its batches are idempotent
     (Delta's transaction ids), so one that ends after the run's lock was let go is harmless."""
     try:
@@ -1112,10 +1103,9 @@ def _stop(query: StreamingQuery, console: Console, name: str) -> None:
     except (Py4JJavaError, CapturedException) as error:
         if "failed to stop within" not in str(error):
             raise
-        console.print(
+        log.warning(
             f"{name}: the query did not stop within {QUERY_STOP_TIMEOUT_S:.0f}s (its thread still in a call, a Kafka request or a "
             "write): the run ends without it, and a batch it may still finish is written once, as at a restart",
-            highlight=False,
         )
 
 
@@ -1132,22 +1122,22 @@ def _vacuum(path: str) -> None:
     DeltaRs(path).vacuum(dry_run=False)
 
 
-def _retire(tables: Tables, name: str, kept_s: float, console: Console) -> None:
+def _retire(tables: Tables, name: str, kept_s: float) -> None:
     """Removes the generations readers left `kept_s` ago (Tables.retire). A failure is
     told, not raised: the run goes on, and the next look tries again."""
     try:
         removed = tables.retire(name, kept_s)
     except OSError as error:
-        console.print(f"{name}: a generation readers left could not be removed (tried again later): {error}", highlight=False)
+        log.warning(f"{name}: a generation readers left could not be removed (tried again later): {error}")
         return
     if removed:
-        console.print(f"{name}: removed generation(s) {', '.join(map(str, removed))}, which readers left", highlight=False)
+        log.info(f"{name}: removed generation(s) {', '.join(map(str, removed))}, which readers left")
 
 
-def _retire_beside(tables: Tables, name: str, kept_s: float, console: Console) -> threading.Thread:
+def _retire_beside(tables: Tables, name: str, kept_s: float) -> threading.Thread:
     """`_retire` in a thread of its own, beside a continuous run's loop: removing a big
     table from a network share can take minutes, in which the loop would not see a stop."""
-    thread = threading.Thread(target=_retire, args=(tables, name, kept_s, console), name=f"esk-retire-{name}", daemon=True)
+    thread = threading.Thread(target=_retire, args=(tables, name, kept_s), name=f"esk-retire-{name}", daemon=True)
     thread.start()
     return thread
 
