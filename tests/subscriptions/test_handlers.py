@@ -308,13 +308,16 @@ async def test_events_parked_for_a_newer_schema_version_are_handled_once_the_cod
     await database.close()
 
 
-@pytest.mark.parametrize("fails_again", [False, True])
-async def test_events_parked_behind_one_a_retry_resolved_meanwhile_go_first_when_their_aggregate_comes_next(fails_again: bool) -> None:
+@pytest.mark.parametrize("then", ["taken up", "fails again", "a retry is first"])
+async def test_events_parked_behind_one_a_retry_resolved_meanwhile_go_first_when_their_aggregate_comes_next(
+    then: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A retry from the command line resolved an aggregate's first parked event just as the
     worker's batch, which had read it was parked, parked the next one behind it: the
     aggregate's next event finds that one parked behind nothing, and the worker handles it
     first, in order, without waiting for the partition's next open. When it fails again,
-    the aggregate's events park behind it, tried once, not at each event."""
+    the aggregate's events park behind it, tried once, not at each event; when another
+    retry resolves it first, the aggregate's events flow."""
     database = SQLite(":memory:").connect(Path(":memory:"))
     tp = TopicPartition("test.orders.events", 0)
     fails = {"o1": 1}
@@ -339,7 +342,18 @@ async def test_events_parked_behind_one_a_retry_resolved_meanwhile_go_first_when
     await unit.commit(None)
     behind_before = REGISTRY.get_sample_value("esk_subscription_events_total", {"subscription": ledger.name, "result": "parked_behind"}) or 0
 
-    if fails_again:
+    if then == "a retry is first":
+        taken_up = worker._take_up
+
+        async def after_a_retry(keys: list[str]) -> None:
+            unit = await sink.begin()
+            parked = await unit.parked_to_resolve("o1")
+            assert (await resolve_parked(unit, router, parked, ParkStatus.RETRIED, "ops again"))[1] == []
+            await unit.commit(None)
+            await taken_up(keys)
+
+        monkeypatch.setattr(worker, "_take_up", after_a_retry)
+    if then == "fails again":
         fails["o1"] = 5
         await worker.handle([event(2, 3, ADDED)], 3)
         await worker.handle([event(3, 4, ADDED)], 4)
@@ -359,7 +373,7 @@ async def test_events_parked_behind_one_a_retry_resolved_meanwhile_go_first_when
         assert await read_offsets(tx.esk, ledger.name) == {tp: (3, 0)}
     assert [(p.offset, p.status, p.resolved_by) for p in resolved] == [
         (0, ParkStatus.RETRIED, "ops"),
-        (1, ParkStatus.RETRIED, TAKEN_UP_BEHIND_NOTHING),
+        (1, ParkStatus.RETRIED, "ops again" if then == "a retry is first" else TAKEN_UP_BEHIND_NOTHING),
     ]
     after = REGISTRY.get_sample_value("esk_subscription_events_total", {"subscription": ledger.name, "result": "parked_behind"}) or 0
     assert after == behind_before

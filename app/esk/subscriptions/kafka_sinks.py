@@ -115,6 +115,9 @@ class TransactionalUnit(Unit):
 class OffsetCommitSink(PartitionSink):
     """A SideEffectHandler's input partition: the handler first, the offset after it."""
 
+    # Neither a lock nor a fence: a retry from the command line runs beside the member.
+    resolves_alone = False
+
     def __init__(
         self,
         subscription: AnySubscription,

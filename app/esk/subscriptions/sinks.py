@@ -75,6 +75,12 @@ class Unit(ABC):
 
 
 class PartitionSink(ABC):
+    # Whether what a unit resolves of an aggregate's parked events is resolved by it alone
+    # while the partition is this member's (a lock, or an operation that fences the member):
+    # the worker then takes up events parked behind nothing as it meets them, not only as it
+    # opens the partition.
+    resolves_alone = True
+
     @abstractmethod
     async def open(self) -> StartingPoint:
         """Take the partition: from here on, a previous owner can commit nothing more."""

@@ -77,7 +77,11 @@ class PartitionWorker:
             unit = await self.sink.begin()
             try:
                 parked = await unit.parked_to_resolve(key)  # as of now: a retry from the command line may have been first
-                by = self._taken_up_by(parked[0]) if parked else None
+                if not parked:
+                    await unit.abort()
+                    self.parked.discard(key)
+                    continue
+                by = self._taken_up_by(parked[0])
                 if by is None:
                     await unit.abort()
                     continue
@@ -189,15 +193,16 @@ class PartitionWorker:
         verified.add(key)
         if not parked:
             self.parked.discard(key)
+            self._not_taken_up.discard(key)
             return unit
-        if not parked[0].reason.startswith(WAITS_BEHIND) or key in self._not_taken_up:
+        if not (parked[0].reason.startswith(WAITS_BEHIND) and self.sink.resolves_alone) or key in self._not_taken_up:
             return unit
         # A batch of this worker parked them behind an event a retry resolved in the same
         # moment: nothing waits before them now. They are taken up as at an open, in a unit
         # of their own, which locks them as a retry does; what came before goes first.
         await self._commit(unit, offset)
         await self._take_up([key])
-        if key in self.parked:  # they failed again: the next open, or an operator, tries them
+        if key in self.parked:  # they failed again, or wait for one now: the next open, or an operator, tries them
             self._not_taken_up.add(key)
         return await self.sink.begin()
 
