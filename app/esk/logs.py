@@ -135,7 +135,7 @@ class BrokerConnectionFilter(logging.Filter):
             self._failed(record, f"{args[0]}:{args[1]}", args[2])
         elif record.levelno < logging.WARNING:
             return self._signal(record, args)
-        elif record.msg in ROUTINE:
+        elif isinstance(record.msg, str) and record.msg in ROUTINE:  # a message may be any object
             record.levelno, record.levelname = logging.INFO, logging.getLevelName(logging.INFO)
         elif (kind := retried_kind(record)) is not None:
             self._retried(record, kind)
