@@ -466,7 +466,8 @@ def _keep(
         retiring = _retire_beside(tables, name, kept_s)
         try:
             while watched.goes_on() and not moved_on():
-                if time.monotonic() - reported > report_every_s:
+                # A query started again after an outage has no progress yet: no lag to tell.
+                if time.monotonic() - reported > report_every_s and watched.query.lastProgress is not None:
                     lag = _lag(watched.query.lastProgress)
                     if lag != summary.lag:  # a read model that keeps up says so once, not every few seconds
                         log.info(f"{name} lag per partition: {lag or 'none'}")
