@@ -101,7 +101,8 @@ async def restore(
         if p.total:
             on_progress(p)  # none left: the markers past its last record are read too
         if p.restored:
-            log.info("restored %d records of %s[%d] at %.0f records/s", p.restored, topic, p.partition, p.rate)
+            took = p.finished - p.started
+            log.info("restored %d record%s of %s[%d] in %.1f s (%.0f records/s)", p.restored, "" if p.restored == 1 else "s", topic, p.partition, took, p.rate)
     return progress
 
 
