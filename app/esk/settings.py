@@ -160,6 +160,12 @@ class ProjectionSettings(BaseModel):
     # (docs/benchmarks.md), and a look that finds none costs one offsets request.
     trigger_interval_s: float = 0.5
     max_offsets_per_trigger: int | None = None
+    # How long Spark's Kafka clients wait for one call (a request, and the driver's offset
+    # lookup as a whole), shorter than esk's own clients' (ESK_KAFKA__REQUEST_TIMEOUT_MS):
+    # the driver's Admin client holds an offset lookup on a broker that died until the
+    # call times out, and the read model stands still that long (docs/benchmarks.md). A
+    # lookup is tried again, for as long in all as three of esk's clients' request timeouts.
+    kafka_call_timeout_ms: int = Field(default=5_000, ge=1_000)
     # Batches of up to this many events are written by delta-rs on the driver, bigger ones
     # by Spark on the executors (projections.catalog.BatchWriter); 0: always Spark.
     driver_write_max_events: int = 20_000

@@ -88,6 +88,7 @@ def kafka_source_options(settings: Settings) -> dict[str, str]:
     """Spark's Kafka source takes the Java consumer's settings with a `kafka.` prefix: the
     same ESK_KAFKA__* settings as esk's own clients, translated."""
     k = settings.kafka
+    call_timeout_ms = min(settings.projections.kafka_call_timeout_ms, k.request_timeout_ms)
     options = {
         "kafka.bootstrap.servers": settings.bootstrap_servers,
         "kafka.isolation.level": "read_committed",
@@ -97,9 +98,13 @@ def kafka_source_options(settings: Settings) -> dict[str, str]:
         # comes: a few tasks' worth of that on every micro-batch, however small.
         "kafka.fetch.max.wait.ms": str(FETCH_MAX_WAIT_MS),
         "kafka.security.protocol": k.security_protocol,
-        # How long its clients wait for a broker, as esk's own do (ESK_KAFKA__REQUEST_TIMEOUT_MS).
-        "kafka.request.timeout.ms": str(k.request_timeout_ms),
-        "kafka.default.api.timeout.ms": str(k.request_timeout_ms),
+        # Both, or the Admin client refuses the second below the first.
+        "kafka.request.timeout.ms": str(call_timeout_ms),
+        "kafka.default.api.timeout.ms": str(call_timeout_ms),
+        # Each try of the driver's offset lookup is as long as a call: as many tries as keep
+        # the budget of Spark's default, three of esk's clients' request timeouts, after
+        # which the query gives up (a broker away for that long: runner._outage_over).
+        "fetchOffset.numRetries": str(max(3, -(-3 * k.request_timeout_ms // call_timeout_ms))),
     }
     if k.security_protocol in ("SSL", "SASL_SSL"):
         options |= _java_tls_options(settings)
