@@ -46,14 +46,18 @@ async def test_a_read_after_a_commands_position_shows_that_command(settings: Set
         r = await s.client.get(url, params={**first, "wait_ms": 300})
         assert r.status_code == 503 and r.json()["code"] == "projection_not_built", r.text
         assert r.json()["detail"] == f"account_balances has not been built yet: run `esk project run account_balances`; {NO_RUN}"
-        # a read that waits waits for the first build too
+        r = await s.client.get(url, params={"account_id": "ryw-1", "wait_ms": 300})  # a wait without positions
+        assert r.status_code == 503 and r.json()["code"] == "projection_not_built", r.text
+        # a read that waits waits for the first build too, with positions or without
         waiting = asyncio.create_task(s.client.get(url, params={**first, "wait_ms": 120_000}, timeout=150))
+        waiting_alone = asyncio.create_task(s.client.get(url, params={"account_id": "ryw-1", "wait_ms": 120_000}, timeout=150))
         await asyncio.sleep(0.5)
-        assert not waiting.done()
+        assert not waiting.done() and not waiting_alone.done()
         await asyncio.to_thread(run, settings, BALANCES, spark=spark)
-        r = await asyncio.wait_for(waiting, 30)
-        assert r.status_code == 200, r.text
-        assert [row["balance"] for row in r.json()["rows"]] == [0]
+        for read in (waiting, waiting_alone):
+            r = await asyncio.wait_for(read, 30)
+            assert r.status_code == 200, r.text
+            assert [row["balance"] for row in r.json()["rows"]] == [0]
 
         deposited = await s.client.post("/v1/accounts/ryw-1/deposit", json={"amount": 40})
         token = deposited.json()["position"]["token"]

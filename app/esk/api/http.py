@@ -174,16 +174,16 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
             try:
                 return await _guarded(name, lambda: read_models.positions(name))
             except Problem as problem:
-                # A table not built yet reflects nothing: a read that waits for positions
-                # waits for the first build as well (what `esk dev` or a new deployment is
-                # running), and says it was not built if it still was not.
-                if not after.wanted or problem.code != "projection_not_built":
+                # A table not built yet reflects nothing: a read that waits (for positions,
+                # or `wait_ms` alone) waits for the first build as well (what `esk dev` or a
+                # new deployment is running), and says it was not built if it still was not.
+                if after.wait_s <= 0 or problem.code != "projection_not_built":
                     raise
                 not_built.append(problem)
                 return {}
 
         try:
-            positions = await after.reflected(name, read_model_positions)
+            positions = await after.reflected(name, read_model_positions, settled=lambda: not not_built)
         except Problem as problem:
             raise await _who_keeps(name, not_built[0] if not_built else problem) from None
         rows = await _read_model(name, filters, row_limit)

@@ -56,10 +56,12 @@ class ReadAfter:
         what: str,
         positions: Callable[[], Awaitable[Positions]],
         moved: Callable[[], asyncio.Future[None]] | None = None,
+        settled: Callable[[], bool] = lambda: True,
     ) -> Positions:
-        """`positions()` once they reach every wanted position. `moved()`, when given, is a
-        future done when they may have moved: the read answers then rather than at the next
-        poll."""
+        """`positions()` once they reach every wanted position, and `settled()` holds after
+        reading them (a read model built: a read that waits without positions waits for
+        that). `moved()`, when given, is a future done when they may have moved: the read
+        answers then rather than at the next poll."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.wait_s
         while True:
@@ -68,7 +70,7 @@ class ReadAfter:
             try:
                 current = await positions()
                 missing = unreflected(current, self.wanted)
-                if not missing:
+                if not missing and settled():
                     return current
                 remaining = deadline - loop.time()
                 if remaining <= 0:
