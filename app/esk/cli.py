@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import logging
 import signal
 import sys
 import time
@@ -55,6 +56,10 @@ cli.add_typer(subscriptions_cli, name="subscriptions")
 # No emoji codes: ":X:" in a setting (ESK_DOMAIN=pkg.mod:X) would print as an emoji.
 console = Console(soft_wrap=True, emoji=False)
 err = Console(stderr=True, soft_wrap=True, emoji=False)
+log = logging.getLogger("esk.cli")
+# Set by load_settings: with ESK_LOG_FORMAT=json, an error that ends a command is a JSON
+# line of the log too, not text among them.
+_errors_as_json = False
 
 
 def load_settings(**overrides: Any) -> Settings:
@@ -70,13 +75,18 @@ def load_settings(**overrides: Any) -> Settings:
         else:
             settings = settings.model_copy(update={section: value})
     configure_logging(settings.log_level, settings.log_format)
+    global _errors_as_json
+    _errors_as_json = settings.log_format == "json"
     return settings
 
 
 def fail(message: str) -> typer.Exit:
     # One line whatever the width: rich would otherwise wrap at 80 columns when stderr is
     # not a terminal (CI, a log file). Escaped: a message may hold brackets, e.g. a path.
-    err.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
+    if _errors_as_json:
+        log.error(message)
+    else:
+        err.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
     return typer.Exit(code=1)
 
 

@@ -28,10 +28,11 @@ from aiokafka.errors import (
 )
 from pydantic import ValidationError
 from pythonjsonlogger.orjson import OrjsonFormatter
+from typer.testing import CliRunner
 
 from esk.broker import EmbeddedBroker
 from esk.broker.ports import free_port_pair
-from esk.cli import load_settings
+from esk.cli import cli, load_settings
 from esk.logs import (
     AFTER_OUTAGE_S,
     BOOTSTRAP_FAILED,
@@ -260,6 +261,18 @@ def test_the_log_format_setting(monkeypatch: pytest.MonkeyPatch, output: io.Stri
     monkeypatch.setenv("ESK_LOG_FORMAT", "yaml")
     with pytest.raises(ValidationError):
         Settings(_env_file=None)
+
+
+def test_an_error_that_ends_a_command_is_a_json_line_among_the_others(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ESK_LOG_FORMAT", "json")
+    result = CliRunner().invoke(cli, ["project", "parked", "no_such_read_model"])
+    assert result.exit_code == 1
+    [line] = result.stderr.splitlines()
+    said = json.loads(line)
+    assert said["level"] == "ERROR" and said["message"].startswith("no read model 'no_such_read_model'"), said
+    monkeypatch.setenv("ESK_LOG_FORMAT", "text")
+    result = CliRunner().invoke(cli, ["project", "parked", "no_such_read_model"])
+    assert result.exit_code == 1 and result.stderr.startswith("error: no read model 'no_such_read_model'"), result.stderr
 
 
 # -- a real client, a real broker that goes away and comes back -----------------------------
