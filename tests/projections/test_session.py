@@ -4,9 +4,12 @@ within half an hour."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -61,3 +64,31 @@ def test_spark_s_catalog_folder_is_made_in_the_warehouse_not_where_esk_runs(tmp_
         assert (warehouse / "_spark").is_dir()
     finally:
         spark.stop()
+
+
+DRIVER_LOGS = """
+import os
+from esk.projections.session import spark_session
+from esk.settings import Settings
+spark = spark_session(Settings(_env_file=None), "esk-tests-log-format")
+spark.sparkContext._jvm.org.apache.logging.log4j.LogManager.getLogger("esk.tests").warn("one line from the driver")
+spark.stop()
+"""
+
+
+@pytest.mark.parametrize("log_format", ["json", "text"])
+def test_the_driver_s_log_lines_follow_the_log_format(log_format: str, tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ESK_", "SPARK_CONF_DIR"))}
+    env |= {"ESK_LOG_FORMAT": log_format, "ESK_PROJECTIONS__WAREHOUSE_DIR": str(tmp_path)}
+    ran = subprocess.run([sys.executable, "-c", DRIVER_LOGS], env=env, capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    # The JVM's own notice of its incubator module comes before any logging.
+    lines = [line for line in ran.stderr.splitlines() if line.strip() and not line.startswith("WARNING: Using incubator modules")]
+    ours = [line for line in lines if "one line from the driver" in line]
+    assert len(ours) == 1, ran.stderr
+    if log_format == "json":
+        said = [json.loads(line) for line in lines]  # every line one JSON object
+        [line] = [s for s in said if s["message"] == "one line from the driver"]
+        assert (line["level"], line["logger"]) == ("WARN", "esk.tests") and line["timestamp"], line
+    else:
+        assert re.fullmatch(r"\d\d/\d\d/\d\d \d\d:\d\d:\d\d WARN tests: one line from the driver", ours[0]), ours

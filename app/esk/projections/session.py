@@ -43,6 +43,7 @@ _QUIET_SET = "esk.quiet"
 # Spark's default log profile writes, at every start of a local driver, lines that tell a
 # user nothing (package data, beside this module).
 LOG_CONFIG = Path(__file__).with_name("log4j2.properties")
+LOG_CONFIG_JSON = Path(__file__).with_name("log4j2-json.properties")  # laid over it: ESK_LOG_FORMAT=json
 _VERSIONED = re.compile(r"^(?P<artifact>.+?)-\d[\w.\-]*\.jar$")
 
 
@@ -96,7 +97,8 @@ def spark_session(settings: Settings, app_name: str = "esk", archive_to: Path | 
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
             if "SPARK_CONF_DIR" not in os.environ:  # else its log4j2.properties is the user's choice
                 # first: the JVM takes the last of two -D, and the user's options come after
-                java_options.insert(0, shlex.quote(f"-Dlog4j2.configurationFile={LOG_CONFIG}"))
+                configs = [LOG_CONFIG, LOG_CONFIG_JSON] if settings.log_format == "json" else [LOG_CONFIG]
+                java_options.insert(0, shlex.quote(f"-Dlog4j2.configurationFile={','.join(map(str, configs))}"))
         builder = (
             builder.master(p.spark_master)
             .config("spark.pyspark.python", sys.executable)
