@@ -169,6 +169,10 @@ def test_a_batchs_failure_is_told_by_the_read_models_own_exception() -> None:
     assert told.startswith("ticket_board failed: ValueError: no such status: reopened (in a batch: [STREAM_FAILED] Query [id = 7")
     assert "\n" not in told and len(told) < 300
     assert str(RunFailed("ticket_board", OSError(28, "No space left on device"))) == "ticket_board failed: OSError: [Errno 28] No space left on device"
+    udf = "An exception was thrown from the Python worker. Please see the stack trace below.\nTraceback (most recent call last):\n  ...\nValueError: kaboom\n"
+    assert str(RunFailed("ticket_board", RuntimeError(udf))) == (
+        "ticket_board failed: ValueError: kaboom (in a batch: An exception was thrown from the Python worker.)"
+    )
     assert str(RunFailed("ticket_board", KeyError("amount"))) == "ticket_board failed: KeyError: 'amount'"
     # Spark's own, with its SQL state and the plan after; py4j's lead line before a Java error
     analysis = "[DELTA_MERGE_UNRESOLVED_EXPRESSION] Cannot resolve s.amount in UPDATE clause SQLSTATE: 42601;\n'MergeIntoTable (...)"

@@ -528,7 +528,9 @@ def _in_a_line(error: BaseException) -> str:
     if start >= 0:
         raised = [line for line in text[start:].splitlines()[1:] if line and not line[0].isspace()]
         if raised:
-            return f"{raised[0]} (in a batch: {text.splitlines()[0][:200]})"
+            # The first line may point at a stack trace that a line of its own leaves out.
+            where = text.splitlines()[0].replace(" Please see the stack trace below.", "")
+            return f"{raised[0]} (in a batch: {where[:200]})"
     lines = text.splitlines()
     if len(lines) > 1 and lines[0].startswith("An error occurred while calling"):  # py4j's: the Java error follows
         return _first_line(lines[1].lstrip(": "))
