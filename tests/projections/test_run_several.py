@@ -234,6 +234,9 @@ def test_esk_dev_keeps_the_read_models_up_in_one_driver(settings: Settings, tmp_
             [sys.executable, "-m", "esk", "sql", "SELECT nope FROM counter_totals"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120
         )
         assert wrong.returncode == 1 and wrong.stderr.splitlines()[-1].startswith("error: [UNRESOLVED_COLUMN"), wrong.stderr
+        # that line alone: not pyspark's query-context log of the error first, a stack trace
+        said = [line for line in wrong.stderr.splitlines() if line.strip() and "incubator modules" not in line]
+        assert len(said) == 1, wrong.stderr
         os.killpg(dev.pid, signal.SIGINT)  # Ctrl-C in its terminal: every process of the group gets it
         assert dev.wait(timeout=60) == 0, log.read_text()[-4000:]
     output = log.read_text()

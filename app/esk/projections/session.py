@@ -3,6 +3,7 @@ from jars resolved by Maven into esk's jar cache (esk.jars), never fetched by Sp
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shlex
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pyspark
+from pyspark.logger import PySparkLogger
 from pyspark.sql import SparkSession
 
 from ..jars import jars_dir
@@ -105,6 +107,7 @@ def spark_session(settings: Settings, app_name: str = "esk", archive_to: Path | 
             .config("spark.driver.extraJavaOptions", " ".join(java_options).strip())
         )
     spark = builder.getOrCreate()
+    _quiet_query_context_logs()
     spark.sparkContext.setLogLevel("WARN")
     _quiet(spark)
     return spark
@@ -137,3 +140,15 @@ def _class_sharing(jars: list[Path], archive_to: Path | None) -> list[str]:
 def _submitted() -> bool:
     """Under spark-submit the master comes from the command line, not from esk's settings."""
     return "SPARK_SUBMIT_OPTS" in os.environ or os.environ.get("ESK_SPARK_SUBMITTED") == "1"
+
+
+# pyspark logs every analysis error that has a query context, stack trace and all, on
+# loggers of its own that bypass the root's handlers, before its caller handles the error:
+# esk tells such errors in a line (`esk sql`, a read model's plan check).
+PYSPARK_ERROR_LOGGERS = ("SQLQueryContextLogger", "DataFrameQueryContextLogger")
+
+
+def _quiet_query_context_logs() -> None:
+    for name in PYSPARK_ERROR_LOGGERS:
+        # pyspark's own kind of logger: a plain one would refuse the fields it logs with
+        PySparkLogger.getLogger(name).setLevel(logging.CRITICAL)
