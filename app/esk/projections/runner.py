@@ -19,7 +19,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -398,12 +397,7 @@ def _keep(
                 probe.release()
             return None
 
-        _quiet_while_planning()  # a failing probe is no news: Spark's loggers would print each
-        token = _PLANNING.set(True)
-        try:
-            newly = find_parked(events, batch_id, fails, "/".join(filter(None, kind)), parked)
-        finally:
-            _PLANNING.reset(token)
+        newly = find_parked(events, batch_id, fails, "/".join(filter(None, kind)), parked)
         if not newly:
             raise error
         if stopping():
@@ -690,8 +684,6 @@ def _check_plan(spark: SparkSession, projection: Projection, app_id: str, path: 
     rather than at its first batch with events, inside the streaming query's error. What
     else fails over no events is left to the batches: the runner never gives `apply` an
     empty batch, so code that assumes rows is no mistake."""
-    _quiet_while_planning()
-    token = _PLANNING.set(True)
     try:
         with reading(projection.model.name, projection.model.reads):
             projection.apply(no_events(spark), PlanCheck(spark, app_id, -1, str(path), schema=schema))
@@ -700,30 +692,6 @@ def _check_plan(spark: SparkSession, projection: Projection, app_id: str, path: 
         raise ReadModelInvalid(f"its apply, planned over no events at the run's start, fails: {first}") from error
     except Exception:  # PlanEnds (a write of its own), or code that wants rows: left to the batches
         pass
-    finally:
-        _PLANNING.reset(token)
-
-
-# PySpark logs each analysis error it raises, plan and Java stack included, under these
-# loggers, before the caller has seen it: a mistake _check_plan tells in a line. Dropped by a
-# filter on the checking thread's context, not by disabling the loggers, which each read
-# model's thread would then turn on and off under the others.
-SPARK_ERROR_LOGGERS = ("SQLQueryContextLogger", "DataFrameQueryContextLogger")
-_PLANNING: ContextVar[bool] = ContextVar("esk_planning", default=False)
-
-
-def _not_planning(record: logging.LogRecord) -> bool:
-    return not _PLANNING.get()
-
-
-def _quiet_while_planning() -> None:
-    from pyspark.logger import PySparkLogger
-
-    for name in SPARK_ERROR_LOGGERS:
-        # PySpark's own logger class: it logs with keywords a plain Logger refuses
-        logger = PySparkLogger.getLogger(name)
-        if _not_planning not in logger.filters:
-            logger.addFilter(_not_planning)
 
 
 class ReadModelChanged(Exception):
