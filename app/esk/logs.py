@@ -136,7 +136,7 @@ class BrokerConnectionFilter(logging.Filter):
         elif record.levelno < logging.WARNING:
             return self._signal(record, args)
         elif isinstance(record.msg, str) and record.msg in ROUTINE:  # a message may be any object
-            record.levelno, record.levelname = logging.INFO, logging.getLevelName(logging.INFO)
+            _set_level(record, logging.INFO)
         elif (kind := retried_kind(record)) is not None:
             self._retried(record, kind)
         return True
@@ -242,9 +242,13 @@ def retried_kind(record: logging.LogRecord) -> str | None:
 
 
 def _demote(record: logging.LogRecord) -> None:
-    record.levelno, record.levelname = logging.DEBUG, logging.getLevelName(logging.DEBUG)
+    _set_level(record, logging.DEBUG)
+
+
+def _set_level(record: logging.LogRecord, level: int) -> None:
+    record.levelno, record.levelname = level, logging.getLevelName(level)
 
 
 def _replace(record: logging.LogRecord, level: int, message: str) -> None:
-    record.levelno, record.levelname = level, logging.getLevelName(level)
+    _set_level(record, level)
     record.msg, record.args = message, None

@@ -8,6 +8,7 @@ versions are upcast by the very upcasters the domain uses.
 
 from __future__ import annotations
 
+import math
 import types
 import typing
 from collections.abc import Iterator
@@ -104,7 +105,7 @@ def kafka_source_options(settings: Settings) -> dict[str, str]:
         # Each try of the driver's offset lookup is as long as a call: as many tries as keep
         # the budget of Spark's default, three of esk's clients' request timeouts, after
         # which the query gives up (a broker away for that long: runner._outage_over).
-        "fetchOffset.numRetries": str(max(3, -(-3 * k.request_timeout_ms // call_timeout_ms))),
+        "fetchOffset.numRetries": str(max(3, math.ceil(3 * k.request_timeout_ms / call_timeout_ms))),
     }
     if k.security_protocol in ("SSL", "SASL_SSL"):
         options |= _java_tls_options(settings)

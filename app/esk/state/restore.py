@@ -47,8 +47,13 @@ class RestoreProgress:
         return 0 if self.finished is not None else max(self.total - self.restored, 0)
 
     @property
+    def elapsed(self) -> float:
+        """Seconds from its start to its end, or to now while it runs."""
+        return (self.finished or time.monotonic()) - self.started
+
+    @property
     def rate(self) -> float:
-        elapsed = (self.finished or time.monotonic()) - self.started
+        elapsed = self.elapsed
         return self.restored / elapsed if elapsed > 0 else 0.0
 
 
@@ -101,8 +106,10 @@ async def restore(
         if p.total:
             on_progress(p)  # none left: the markers past its last record are read too
         if p.restored:
-            took = p.finished - p.started
-            log.info("restored %d record%s of %s[%d] in %.1f s (%.0f records/s)", p.restored, "" if p.restored == 1 else "s", topic, p.partition, took, p.rate)
+            log.info(
+                "restored %d record%s of %s[%d] in %.1f s (%.0f records/s)",
+                p.restored, "" if p.restored == 1 else "s", topic, p.partition, p.elapsed, p.rate,
+            )
     return progress
 
 
