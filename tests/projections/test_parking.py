@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -91,7 +93,7 @@ from esk.projections.reader import ReadModelRows  # noqa: E402
 from esk.projections.runner import run  # noqa: E402
 from esk.settings import Settings  # noqa: E402
 from tests.counters import Added, counters  # noqa: E402
-from tests.system import system  # noqa: E402
+from tests.system import esk_env, system  # noqa: E402
 
 UNLUCKY = 13
 
@@ -283,3 +285,30 @@ async def test_a_batch_whose_earlier_step_was_written_parks_nothing(settings: Se
         with pytest.raises(Exception, match="13 is not a number this read model takes"):
             await asyncio.to_thread(run, settings, esk.Projection(LUCKY.model, LUCKY.columns, in_two_steps), spark=spark)
     assert Tables(settings.projections.warehouse_dir).parked("lucky_totals", 1).load() == []
+
+
+@pytest.mark.kafka
+@pytest.mark.spark
+async def test_an_operator_reads_a_batchs_failure_once_not_each_probe_of_it(settings: Settings, tmp_path: Path) -> None:
+    """`esk project run` as its own process, as an operator runs it: Spark tells the batch's
+    failed task once, with its stack trace, and esk what it parked; the probes that find the
+    event (a failed job each) add nothing to the log."""
+    settings = settings.model_copy(
+        update={
+            "domain": "tests.counters:AGGREGATES",
+            "read_models": f"{__name__}:READ_MODELS",
+            "projections": settings.projections.model_copy(update={"warehouse_dir": tmp_path / "warehouse"}),
+        }
+    )
+    async with system(settings) as s:
+        for counter, command, body in (("c1", "start", {}), ("c2", "start", {}), ("c1", "add", {"n": 2}), ("c2", "add", {"n": UNLUCKY})):
+            assert (await s.client.post(f"/v1/counters/{counter}/{command}", json=body)).status_code == 200
+        done = await asyncio.to_thread(
+            subprocess.run, [sys.executable, "-m", "esk", "project", "run", "lucky_totals"],
+            env=esk_env(settings), cwd=tmp_path, capture_output=True, text=True, timeout=180,
+        )
+    assert done.returncode == 0, done.stderr
+    assert "parked counters 'c2': its Added at partition" in done.stderr
+    # the batch's own failure, not the probes' (several: the event is found by bisection)
+    assert done.stderr.count("Exception in task") == 1, done.stderr
+    assert done.stderr.count("13 is not a number this read model takes") <= 4, done.stderr

@@ -44,7 +44,7 @@ from .catalog import BatchWriter, PlanCheck, PlanEnds, Probe, Projection, ReadMo
 from .events import decode, event_stream, no_events, older_version, reading, upcast
 from .parking import ParkedAggregate, find_parked, held_back
 from .run_lock import GRACE_S, GenerationBusy, GenerationLock
-from .session import spark_session
+from .session import spark_session, task_failures_untold
 
 # Delta settings for many small writes on a few cores: Delta rebuilds a table's snapshot
 # state in 50 tasks by default, each a task to schedule whatever the table's size. (A MERGE
@@ -397,7 +397,8 @@ def _keep(
                 probe.release()
             return None
 
-        newly = find_parked(events, batch_id, fails, "/".join(filter(None, kind)), parked)
+        with task_failures_untold(spark):
+            newly = find_parked(events, batch_id, fails, "/".join(filter(None, kind)), parked)
         if not newly:
             raise error
         if stopping():

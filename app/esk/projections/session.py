@@ -8,6 +8,9 @@ import os
 import re
 import shlex
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +45,14 @@ _NOISE = (
     r"Current batch is falling behind\..*",
 )
 _QUIET_SET = "esk.quiet"
+# What Spark logs of a job that fails computing rows: the executor's ERROR and the
+# scheduler's WARN, a stack trace each, the scheduler's ERROR that the job aborts, and a
+# noop write's two ERRORs that it aborts (the write a read model's probes end in).
+TASK_FAILURE_LOGGERS = (
+    "org.apache.spark.executor.Executor",
+    "org.apache.spark.scheduler.TaskSetManager",
+    "org.apache.spark.sql.execution.datasources.v2.OverwriteByExpressionExec",
+)
 # Spark's default log profile writes, at every start of a local driver, lines that tell a
 # user nothing (package data, beside this module).
 LOG_CONFIG = Path(__file__).with_name("log4j2.properties")
@@ -128,6 +139,43 @@ def _quiet(spark: SparkSession) -> None:
         root.addFilter(log4j.core.filter.RegexFilter.createFilter(pattern, None, False, result.DENY, result.NEUTRAL))
     context.updateLoggers()
     jvm.System.setProperty(_QUIET_SET, "1")
+
+
+class _Untold:
+    """How many threads of this process are inside `task_failures_untold`, and the levels
+    the loggers had before the first went in."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.inside = 0
+        self.levels: dict[str, Any] = {}
+
+
+_UNTOLD = _Untold()
+
+
+@contextmanager
+def task_failures_untold(spark: SparkSession) -> Iterator[None]:
+    """Spark's lines about failed tasks (TASK_FAILURE_LOGGERS) are not written while inside:
+    a read model's probes for a failed batch's event fail a job each on purpose, a hundred
+    lines each, after the batch's own failure has been told in full. The loggers are the
+    JVM's: another read model's task that fails meanwhile is told by its query's failure."""
+    jvm: Any = spark.sparkContext._jvm
+    log4j = jvm.org.apache.logging.log4j
+    with _UNTOLD.lock:
+        if _UNTOLD.inside == 0:
+            _UNTOLD.levels = {name: log4j.LogManager.getLogger(name).getLevel() for name in TASK_FAILURE_LOGGERS}
+            for name in TASK_FAILURE_LOGGERS:
+                log4j.core.config.Configurator.setLevel(name, log4j.Level.OFF)
+        _UNTOLD.inside += 1
+    try:
+        yield
+    finally:
+        with _UNTOLD.lock:
+            _UNTOLD.inside -= 1
+            if _UNTOLD.inside == 0:
+                for name, level in _UNTOLD.levels.items():
+                    log4j.core.config.Configurator.setLevel(name, level)
 
 
 def _class_sharing(jars: list[Path], archive_to: Path | None) -> list[str]:
