@@ -388,6 +388,9 @@ def project_run(
     every: Annotated[bool, typer.Option("--all", help="Every read model the project has.")] = False,
     continuous: Annotated[bool, typer.Option("--continuous", help="Keep running after catching up.")] = False,
     rebuild: Annotated[bool, typer.Option("--rebuild", help="Rebuild from the earliest offsets into a new table; readers switch once it caught up.")] = False,
+    leave_out_invalid: Annotated[
+        bool, typer.Option("--leave-out-invalid", help="A read model whose reads or plan are wrong is told and left out, the others going on; exit 1 at the end.")
+    ] = False,
 ) -> None:
     """Catch read models up with their event streams (and stop, unless --continuous)."""
     from .projections.catalog import select_read_models
@@ -403,7 +406,7 @@ def project_run(
     # start here, later as its query gives up); a one-shot run ends at once.
     require_kafka_access(settings, None if continuous else "a run that is not --continuous", wait=continuous)
     try:
-        code = run_and_report(settings, chosen, continuous, rebuild, console, stop_on_signals())
+        code = run_and_report(settings, chosen, continuous, rebuild, console, stop_on_signals(), leave_out_invalid)
     except RunFailed as failed:
         raise fail(str(failed)) from failed.error
     if code:

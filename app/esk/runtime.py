@@ -250,7 +250,7 @@ def run_dev(settings: Settings, subscriptions: list[str], read_models: bool = Fa
             port = {"ESK_SUBSCRIBER__METRICS_PORT": str(first_port + n)} if first_port is not None else {}
             named[f"the subscriber of {name}"] = _spawn([*ESK, "subscriber", name], {**env, **port})
         children = list(named.values())
-        driver = RestartedChild([*ESK, "project", "run", "--all", "--continuous"], env, "the read models' driver") if read_models else None
+        driver = RestartedChild([*ESK, "project", "run", "--all", "--continuous", "--leave-out-invalid"], env, "the read models' driver") if read_models else None
         code = 0
         try:
             while not stop.asked.wait(0.5):

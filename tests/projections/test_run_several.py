@@ -60,8 +60,16 @@ ADDS = esk.Projection(
     _counter_adds,
 )
 BROKEN = esk.Projection(esk.ReadModel("broken", (counters,), "fails on its first events"), "counter_id STRING", _broken)
+
+
+def _mistyped(events: DataFrame, writer: esk.BatchWriter) -> int:
+    return writer.append(events.select(F.col("agregate_id").alias("counter_id")))  # the typo a new read model has
+
+
+MISTYPED = esk.Projection(esk.ReadModel("mistyped", (counters,), "a new read model with a typo"), "counter_id STRING", _mistyped)
 TWO = [TOTALS, ADDS]
 WITH_A_BROKEN_ONE = [TOTALS, BROKEN]
+WITH_A_MISTYPED_ONE = [TOTALS, MISTYPED]
 NO_SUBSCRIPTIONS: list[object] = []
 
 
@@ -217,7 +225,7 @@ def test_esk_dev_keeps_the_read_models_up_in_one_driver(settings: Settings, tmp_
         assert set(rows) == {"counter_adds", "counter_totals"}, listed.stdout
         for row in rows.values():
             [keeper] = row["kept_by"]
-            assert keeper.startswith("pid ") and keeper.endswith("esk project run --all --continuous"), listed.stdout
+            assert keeper.startswith("pid ") and "esk project run --all --continuous" in keeper, listed.stdout
             assert row["reads"] == ["counters"] and row["reflects"] and row["current_table"].endswith(("/g1", "/g2")), listed.stdout
         # an analyst's query, each read model a table by its name, as JSON Lines; Spark's
         # start says nothing on the way
@@ -270,6 +278,29 @@ def test_a_read_model_that_fails_stops_the_others_and_esk_dev_goes_on_and_will_s
         # tests/operations/test_restarted_child.py)
         dev.send_signal(signal.SIGTERM)
         assert dev.wait(timeout=60) == 0, log.read_text()[-4000:]
+
+
+@pytest.mark.kafka
+@pytest.mark.spark
+def test_a_mistake_in_a_new_read_model_is_told_and_esk_dev_keeps_the_others_up(settings: Settings, tmp_path: Path) -> None:
+    """A read model that cannot run as its code stands fails at its start whatever a restart
+    does: esk dev's driver leaves it out, says why, and keeps the healthy one up."""
+    with _esk_dev(settings, tmp_path, "WITH_A_MISTYPED_ONE") as (dev, client, log, _):
+        answer = client.post("/v1/counters/c1/start", json={})
+        assert answer.status_code == 200, answer.text
+        token = answer.json()["position"]["token"]
+        read = client.get("/v1/projections/counter_totals", params={"counter_id": "c1", "after": token, "wait_ms": 120_000}, timeout=150)
+        assert read.status_code == 200, f"{read.text}\n{log.read_text()[-4000:]}"
+        assert read.json()["rows"] == [{"counter_id": "c1", "total": 0, "version": 1}]
+        output = log.read_text()
+        assert "mistyped: its apply, planned over no events at the run's start, fails: [UNRESOLVED_COLUMN" in output, output[-4000:]
+        assert "left out of this run, the other read models going on" in output
+        assert "the read models' driver exited" not in output
+        assert client.get("/v1/projections/mistyped").status_code == 503  # never built
+        dev.send_signal(signal.SIGTERM)
+        assert dev.wait(timeout=60) == 0, log.read_text()[-4000:]
+    # its run's end says it again: the driver's stop fails it, naming the mistake
+    assert "error: mistyped: its apply" in log.read_text()
 
 
 def _answers(client: httpx.Client, path: str) -> bool:

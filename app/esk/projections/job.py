@@ -25,6 +25,7 @@ def main() -> None:
     parser.add_argument("--all", action="store_true", dest="every", help="every read model the project has")
     parser.add_argument("--continuous", action="store_true")
     parser.add_argument("--rebuild", action="store_true")
+    parser.add_argument("--leave-out-invalid", action="store_true", help="as `esk project run --leave-out-invalid`")
     args = parser.parse_args()
     try:
         chosen = select_read_models(read_models, args.names, args.every)
@@ -33,7 +34,7 @@ def main() -> None:
     os.environ["ESK_SPARK_SUBMITTED"] = "1"  # the master comes from spark-submit, not from settings
     console = Console(stderr=True, soft_wrap=True, emoji=False)
     try:
-        code = run_and_report(settings, chosen, args.continuous, args.rebuild, console, stop_on_signals())
+        code = run_and_report(settings, chosen, args.continuous, args.rebuild, console, stop_on_signals(), args.leave_out_invalid)
     except RunFailed as failed:
         if failed.told_in_a_line:
             raise SystemExit(str(failed)) from None

@@ -555,12 +555,17 @@ def run_several(
     continuous: bool = False,
     rebuild: bool = False,
     stop: StopRequest | None = None,
+    leave_out_invalid: bool = False,
 ) -> list[RunSummary]:
     """`run` for each read model, all in one driver: one JVM and its memory, rather than one
     each. Each runs in a thread of its own, on a session of its own: a batch's Delta
     transaction is set in its session's settings (BatchWriter.run), which two read models
     must not share. A run that fails stops the others between batches, and is raised as
-    RunFailed once they have stopped: the supervisor restarts them together. Their
+    RunFailed once they have stopped: the supervisor restarts them together. With
+    `leave_out_invalid`, a read model that cannot run as its code stands (ReadModelInvalid,
+    told at its start) is told and left out while the others go on, and raised as RunFailed
+    once they end: a typo in a new read model under `esk dev` would otherwise stop every
+    table until it is fixed, a restart changing nothing. Their
     catch-ups take turns, while those caught up keep up: a catch-up's batches are big (its
     cached records, a lookup's broadcast keys), and several at once would share the
     driver's memory for no gain on its few cores."""
@@ -572,6 +577,7 @@ def run_several(
     held = {} if continuous and not rebuild else _hold_generations(Tables(settings.projections.warehouse_dir), names, rebuild)
     summaries: dict[str, RunSummary] = {}
     failures: list[RunFailed] = []
+    left_out: list[RunFailed] = []
     interrupted = False
     try:
         spark = _driver_session(settings, f"esk-project-{'-'.join(names)}" if len(names) <= 3 else "esk-project")
@@ -582,6 +588,10 @@ def run_several(
                 taken = held.pop(name, None)  # `run` lets go of it now
                 summaries[name] = run(settings, projection, continuous, rebuild, spark.newSession(), stop, catch_up_turn, taken)
             except BaseException as error:  # the thread's end: whatever it was, the run failed
+                if leave_out_invalid and isinstance(error, ReadModelInvalid):
+                    log.error(f"{name}: {error}; left out of this run, the other read models going on")
+                    left_out.append(RunFailed(name, error))
+                    return
                 failures.append(RunFailed(name, error))
                 stop.asked.set()
 
@@ -600,8 +610,8 @@ def run_several(
             taken.lock.release()
     if interrupted:
         raise KeyboardInterrupt
-    if failures:
-        failed = failures[0]
+    if failures or left_out:
+        failed = (failures or left_out)[0]
         raise RunFailed(failed.name, failed.error, [summaries[name] for name in names if name in summaries])
     return [summaries[name] for name in names]
 
@@ -631,6 +641,7 @@ def run_and_report(
     rebuild: bool,
     console: Console,
     stop: StopRequest,
+    leave_out_invalid: bool = False,
 ) -> int:
     """What `esk project run` and the spark-submit job do: `run_several`, each read model's
     summary on the console (those that stopped because another failed too, before the
@@ -639,7 +650,7 @@ def run_and_report(
     readers had moved to the new generation; a supervisor's stop of a continuous run is its
     end, 0."""
     try:
-        summaries = run_several(settings, projections, continuous, rebuild, stop)
+        summaries = run_several(settings, projections, continuous, rebuild, stop, leave_out_invalid)
     except RunFailed as failed:
         _print_summaries(failed.others, console)
         raise
