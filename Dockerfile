@@ -45,6 +45,8 @@ WORKDIR /opt/esk/app
 COPY domain domain
 COPY subscriptions subscriptions
 COPY projections projections
+# the schema lock: a processor refuses to start on code that breaks the events stored under it
+COPY esk.lock.json ./
 # Logs reach `kubectl logs` / `docker logs` as they are written, not when a buffer fills.
 ENV PYTHONUNBUFFERED=1 \
     ESK_BROKER__JARS_DIR=/opt/esk/jars/kafka \

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import logging
+import os
 import signal
 import sys
 import time
@@ -198,7 +199,7 @@ def processor() -> None:
     from .runtime import run_processor
 
     settings = load_settings()
-    domain_registry(settings)  # fails in one line here; the runtime loads it again (cached)
+    _refuse_stored_events_broken(domain_registry(settings))  # the registry fails in one line here; the runtime loads it again (cached)
     require_kafka_access(settings, wait=True)
     try:
         run_processor(settings)
@@ -501,19 +502,47 @@ def jars(
 LockFileOption = Annotated[Path, typer.Option("--file", help="The lock file.")]
 
 
+def _stored_events_broken_here(registry: Registry) -> list[Finding] | None:
+    """What the project's lock file (in the directory esk runs in) says the code breaks of
+    the events stored under it: none without a lock file; None, said in a warning, when it
+    cannot be checked (a lock it cannot read, a model with no JSON Schema: `esk schema
+    check` tells that in CI, and a start is not stopped by it)."""
+    try:
+        return stored_events_broken(registry, read_lock()) if LOCK_FILE.exists() else []
+    except Exception as error:
+        err.print(f"[yellow]warning:[/yellow] {LOCK_FILE} not checked: {escape(str(error))}", highlight=False)
+        return None
+
+
 def _warn_of_stored_events_broken(registry: Registry) -> None:
     """esk dev's word, as its processes start, on a change to the events that the project's
     lock file says breaks those stored: the processor would write the new shape under the
-    old version."""
-    try:
-        broken = stored_events_broken(registry, read_lock()) if LOCK_FILE.exists() else []
-    except Exception as error:  # a lock it cannot read, a model with no JSON Schema: a word, not a stop
-        err.print(f"[yellow]warning:[/yellow] {LOCK_FILE} not checked: {escape(str(error))}", highlight=False)
-        return
+    old version (esk dev's data is the developer's: a word, not a stop)."""
+    broken = _stored_events_broken_here(registry) or []
     for finding in broken:
         err.print(f"[yellow]warning:[/yellow] {escape(str(finding))}", highlight=False)
     if broken:
         err.print(f"[yellow]warning:[/yellow] {LOCK_FILE}: the events stored under it would no longer all be read (`esk schema check`)", highlight=False)
+
+
+def _refuse_stored_events_broken(registry: Registry) -> None:
+    """The processor's start, when the project's lock file says the code breaks the events
+    stored under it: it would write the new shape under the old schema version, beside
+    stored events of that version that its upcasters then can never all read. Under esk dev,
+    which warns instead, it starts."""
+    from .runtime import DEV_LOCK_FD_VARIABLE
+
+    if DEV_LOCK_FD_VARIABLE in os.environ:
+        return
+    broken = _stored_events_broken_here(registry) or []
+    for finding in broken:
+        err.print(f"  {escape(str(finding))}", highlight=False, soft_wrap=True)
+    if broken:
+        raise fail(
+            f"{LOCK_FILE}: this code breaks the events stored under it (above), and would write events under schema versions "
+            "that stored ones of the same version contradict: mend the code (`esk schema check`), or, if no such event was "
+            "ever stored, lock it (`esk schema lock --force`)"
+        )
 
 
 def stored_events_broken(registry: Registry, lock: Lock) -> list[Finding]:
@@ -620,7 +649,8 @@ def schema_asyncapi(
 @state_cli.command("unusable")
 def state_unusable() -> None:
     """The aggregates whose events do not fold into the current state model, and why (read
-    from the changelog). Their commands are refused until a start of fixed code rebuilds them."""
+    from the changelog); exit 1 when there are any. Their commands are refused until a start
+    of fixed code rebuilds them."""
     from .processing.state_rebuild import unusable_aggregates
 
     settings = load_settings()
@@ -630,6 +660,8 @@ def state_unusable() -> None:
         console.print(f"{aggregate_type}/{aggregate_id}: {escape(reason)}", highlight=False, soft_wrap=True)
     if not found:
         console.print("no unusable aggregates", highlight=False)
+    else:  # a gate a deploy or a health check can run: as grep, found is 1
+        raise typer.Exit(1)
 
 
 def configured_subscriptions(settings: Settings) -> dict[str, AnySubscription]:

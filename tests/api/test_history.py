@@ -110,11 +110,13 @@ def test_events_are_shown_in_their_types_current_schema(index: EventHistory) -> 
         event("old", 1, "Started", schema_version=1),
         event("old", 2, data={"amount": 7}, schema_version=1),
         event("old", 3, "Renamed", {"to": "x"}, schema_version=1),  # no longer a type of the domain
+        # upcast to {"n": "8"}: shown as the processor reads it, the event class's 8
+        event("old", 4, data={"amount": "8"}, schema_version=1),
     ]
-    index.write(index.store, fetched(*legacy), {TP: 3})
+    index.write(index.store, fetched(*legacy), {TP: 4})
     shown = index.events("counters", "old").events
     assert [(e["type"], e["schema_version"], e["data"]) for e in shown] == [
-        ("Started", 1, {}), ("Added", 2, {"n": 7}), ("Renamed", 1, {"to": "x"}),
+        ("Started", 1, {}), ("Added", 2, {"n": 7}), ("Renamed", 1, {"to": "x"}), ("Added", 2, {"n": 8}),
     ]
     assert set(shown[0]) == {"event_id", "type", "version", "schema_version", "recorded_at", "command_id", "data"}
 

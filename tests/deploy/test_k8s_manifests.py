@@ -389,6 +389,7 @@ def test_the_image_holds_what_the_manifests_run() -> None:
     if (ROOT / "subscriptions").is_dir():
         assert ["subscriptions", "subscriptions"] in copies, "the example's subscriptions (ESK_SUBSCRIPTIONS): COPY subscriptions subscriptions"
     assert ["projections", "projections"] in copies, "the example's read models (ESK_READ_MODELS)"
+    assert ["esk.lock.json", "./"] in copies, "the schema lock, which the processor checks the code against as it starts"
     env = dockerfile_env()
     jars = {Path(c[1]).parent.name: c[-1] for c in copies if c[0] == "--from=jars"}
     assert jars == {"kafka": env["ESK_BROKER__JARS_DIR"], "spark": env["ESK_PROJECTIONS__JARS_DIR"]}

@@ -4,6 +4,7 @@ a field, add a required one that `evolve` fills in), start again."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import Callable
 from typing import Any
@@ -12,8 +13,10 @@ import httpx
 import pytest
 from aiokafka.structs import ConsumerRecord
 from pydantic import BaseModel
+from typer.testing import CliRunner
 
 from esk import AggregateType, Command, Decision, Event
+from esk.cli import cli
 from esk.kafka.topics import ensure_topics, topic_specs
 from esk.metrics import REBUILT_AGGREGATES
 from esk.processing.state_rebuild import _Fold, _fold_records, unusable_aggregates
@@ -137,6 +140,8 @@ async def test_an_aggregate_whose_events_do_not_fold_is_unusable_and_the_others_
             assert (await client.get("/v1/counters/good")).json()["unusable"] is None
             listed = await unusable_aggregates(settings)
             assert list(listed) == [("counters", "bad")] and "13 is unlucky" in listed["counters", "bad"]
+            told = await asyncio.to_thread(CliRunner().invoke, cli, ["state", "unusable"], env=_cli_env(settings))
+            assert told.exit_code == 1 and told.output.startswith("counters/bad: evolve failed on its Added v1 event at "), told.output
 
     # The fixed code's next start rebuilds it.
     fixed = _counters(CounterV2, _v2)
@@ -146,6 +151,12 @@ async def test_an_aggregate_whose_events_do_not_fold_is_unusable_and_the_others_
             assert r.status_code == 200 and r.json()["version"] == 3
             assert (await client.get("/v1/counters/bad?min_version=3")).json()["state"] == {"total": 14, "adds": 2}
             assert await unusable_aggregates(settings) == {}
+            told = await asyncio.to_thread(CliRunner().invoke, cli, ["state", "unusable"], env=_cli_env(settings))
+            assert (told.exit_code, told.output) == (0, "no unusable aggregates\n"), told.output
+
+
+def _cli_env(settings: Settings) -> dict[str, str]:
+    return {"ESK_APP": settings.app, "ESK_KAFKA__BOOTSTRAP_SERVERS": settings.bootstrap_servers, "COLUMNS": "250"}
 
 
 # -- why an aggregate is unusable, in one line (pure: records as the topic holds them) ------

@@ -121,6 +121,20 @@ def test_an_expected_version_that_differs_is_refused_and_changes_nothing() -> No
     assert _version(task, "a1") == 1
 
 
+def test_a_payload_the_command_no_longer_takes_is_rejected_in_a_line() -> None:
+    """A command queued before a release changed its body (the API checks new ones)."""
+    task = _task()
+    _feed(task, open_("a1"))
+    _commit(task)
+    _feed(task, CommandEnvelope("d1", "accounts", "a1", "deposit", {"amount": "lots", "memo": "old field"}))
+    [outcome] = _outcomes(_commit(task))
+    assert (outcome.status, outcome.code, outcome.version) == ("rejected", "invalid_payload", 1)
+    assert outcome.detail == (
+        "the deposit payload is invalid: amount: Input should be a valid integer, unable to parse string as an integer; "
+        "memo: Extra inputs are not permitted"
+    ), outcome.detail
+
+
 def test_undecodable_records_and_misplaced_keys_go_to_the_dead_letter_queue() -> None:
     task = _task()
     garbage = command_record(TOPICS.commands, 0, open_("a1"), PARTITION)

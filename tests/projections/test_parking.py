@@ -8,6 +8,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -82,18 +83,20 @@ def test_parked_aggregates_are_kept_per_batch_and_written_again_as_the_same(tmp_
 
 pyspark = pytest.importorskip("pyspark")
 
+from aiokafka import AIOKafkaProducer  # noqa: E402
 from pyspark.sql import DataFrame, SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
 import esk  # noqa: E402
 from esk.cli import cli  # noqa: E402
+from esk.kafka.client_options import client_options  # noqa: E402
 from esk.projections.catalog import Tables  # noqa: E402
 from esk.projections.reader import ReadModelRows  # noqa: E402
 from esk.projections.runner import run  # noqa: E402
 from esk.settings import Settings  # noqa: E402
 from tests.counters import Added, counters  # noqa: E402
-from tests.system import esk_env, system  # noqa: E402
+from tests.system import esk_env, events_topic, system  # noqa: E402
 
 UNLUCKY = 13
 
@@ -312,3 +315,49 @@ async def test_an_operator_reads_a_batchs_failure_once_not_each_probe_of_it(sett
     # the batch's own failure, not the probes' (several: the event is found by bisection)
     assert done.stderr.count("Exception in task") == 1, done.stderr
     assert done.stderr.count("13 is not a number this read model takes") <= 4, done.stderr
+
+
+@pytest.mark.kafka
+@pytest.mark.spark
+async def test_old_events_are_read_as_the_processor_reads_them_and_one_whose_upcaster_fails_is_parked(
+    settings: Settings, spark: SparkSession, tmp_path: Path
+) -> None:
+    """Events of an older release, upcast in the batch: the payload a read model sees is the
+    event class's, validated (a "9" its upcaster leaves is the 9 the processor reads), and
+    an event the upcaster fails on parks its aggregate, as an event the read model's own
+    code fails on does."""
+    settings = settings.model_copy(
+        update={
+            "domain": "tests.counters:AGGREGATES",
+            "read_models": f"{__name__}:READ_MODELS",
+            "projections": settings.projections.model_copy(update={"warehouse_dir": tmp_path / "warehouse"}),
+        }
+    )
+    async with system(settings) as s:
+        for command, body in (("start", {}), ("add", {"n": 2})):
+            assert (await s.client.post(f"/v1/counters/c1/{command}", json=body)).status_code == 200
+
+        def written(aggregate_id: str, version: int, type_name: str, data: dict[str, object]) -> bytes:
+            return json.dumps({
+                "event_id": f"counters/{aggregate_id}/{version}", "aggregate_type": "counters", "aggregate_id": aggregate_id,
+                "version": version, "type": type_name, "schema_version": 1, "data": data, "command_id": "x",
+                "correlation_id": "x", "causation_id": "x", "recorded_at": 1_700_000_000_000,
+            }).encode()
+
+        producer = AIOKafkaProducer(**client_options(settings), transactional_id=f"legacy-{uuid.uuid4()}")
+        await producer.start()
+        try:
+            async with producer.transaction():  # an older release's: Added v1 said "amount"
+                for aggregate_id, data in (("old1", {"amount": "9"}), ("old2", {"quantity": 4})):  # old2's: no upcaster takes it
+                    await producer.send_and_wait(events_topic(settings, "counters"), written(aggregate_id, 1, "Started", {}), key=aggregate_id.encode())
+                    await producer.send_and_wait(events_topic(settings, "counters"), written(aggregate_id, 2, "Added", data), key=aggregate_id.encode())
+        finally:
+            await producer.stop()
+        summary = await asyncio.to_thread(run, settings, LUCKY, spark=spark)
+    assert summary.caught_up
+    rows = ReadModelRows(settings)
+    everything = {r["counter_id"]: (r["total"], r["version"]) for r in rows.read("lucky_totals", {}, limit=10)}
+    assert everything == {"c1": (2, 2), "old1": (9, 2), "old2": (0, 1)}
+    [parked] = rows.parked("lucky_totals")
+    assert (parked.aggregate_id, parked.event_type, parked.offset > 0) == ("old2", "Added", True)
+    assert "KeyError" in parked.reason and "amount" in parked.reason, parked.reason

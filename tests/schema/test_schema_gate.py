@@ -525,6 +525,18 @@ def test_the_command_line_locks_and_checks(tmp_path: Path) -> None:
     assert "tills event Opened: new required field `currency`, but schema_version is still 1" in refused.stderr
     assert "error: esk.lock.json not written: 1 change breaks the events stored under it (above)" in refused.stderr
     assert (tmp_path / "esk.lock.json").read_text() == before
+    # nor does a processor start on it, which would write the new shape under version 1 (esk
+    # dev's only warns: tests/packaging/test_user_project.py); refused before it needs a broker
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ESK_", "_ESK_"))}
+    processor = subprocess.run(
+        [sys.executable, "-m", "esk", "processor"], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        env=env | {"ESK_DOMAIN": "shop:AGGREGATES", "ESK_KAFKA__BOOTSTRAP_SERVERS": "127.0.0.1:9"},
+    )
+    assert processor.returncode == 1, processor.stderr
+    assert "tills event Opened: new required field `currency`, but schema_version is still 1" in processor.stderr
+    assert processor.stderr.strip().splitlines()[-1].startswith(
+        "error: esk.lock.json: this code breaks the events stored under it (above), and would write events under schema versions"
+    ), processor.stderr
 
     # A new schema_version and an upcaster from v1: the gate passes, and says why.
     write_domain(tmp_path, V1.replace(

@@ -144,7 +144,7 @@ class EventHistory(TopicFollower):
                 try:
                     current = aggregate.event_type(event.type).schema_version
                     if schema_version < current:
-                        data, schema_version = aggregate.upcast(event.type, schema_version, data), current
+                        data, schema_version = aggregate.current_payload(event.type, schema_version, data), current
                 except Exception as error:  # the domain's code: the event is still shown, as stored
                     log.warning("history of %s %r: %s v%d shown as stored (%r)", aggregate_type, aggregate_id, event.type, schema_version, error)
             events.append({

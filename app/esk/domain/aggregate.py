@@ -182,6 +182,13 @@ class AggregateType(Generic[S]):
     def decode_event(self, type_name: str, schema_version: int, data: dict[str, Any]) -> Event:
         return self.known_event_type(type_name, schema_version).model_validate(self.upcast(type_name, schema_version, data))
 
+    def current_payload(self, type_name: str, schema_version: int, data: dict[str, Any]) -> dict[str, Any]:
+        """A stored payload as the current event class writes it: upcast, validated (its
+        defaults filled in, its values coerced) and dumped as the processor dumps events,
+        so that a read model or a history shows an old event as the processor and the
+        subscribers read it (decode_event), not as its upcasters alone leave it."""
+        return self.decode_event(type_name, schema_version, data).model_dump(mode="json")
+
     # -- state -----------------------------------------------------------------
 
     @property

@@ -59,7 +59,10 @@ def handle_command(
     except KeyError:
         return refuse(Status.REJECTED, "unknown_command", f"{aggregate_type.name} has no command {envelope.command!r}")
     except ValidationError as error:
-        return refuse(Status.REJECTED, "invalid_payload", str(error))
+        # The API refused such a body at once; this one was queued before the command's
+        # model changed (a release in between): pydantic's own text runs to lines and links.
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'the body'}: {e['msg']}" for e in error.errors())
+        return refuse(Status.REJECTED, "invalid_payload", f"the {envelope.command} payload is invalid: {problems}")
     try:
         state = aggregate_type.state.model_validate(stored.state) if stored is not None else None
         decision = aggregate_type.handle(state, command, envelope.aggregate_id)

@@ -227,7 +227,7 @@ def _upcast_udf(domain: str) -> Any:
     @F.udf(StringType())
     def upcast_data(aggregate_type: str, type_name: str, schema_version: int, data: str) -> str:
         aggregate = _worker_registry(domain)[aggregate_type]
-        return orjson.dumps(aggregate.upcast(type_name, schema_version, orjson.loads(data))).decode()
+        return orjson.dumps(aggregate.current_payload(type_name, schema_version, orjson.loads(data))).decode()
 
     return upcast_data
 

@@ -328,13 +328,19 @@ def _keep(
             try:
                 events = decoded
                 if stale:
-                    upcast_kept = events = upcast(decoded, settings, categories).persist()
+                    upcast_kept = upcast(decoded, settings, categories).persist()
                     upcast_kept.count()
+                    events = upcast_kept
                     kept.unpersist()  # the upcast cache is built: it no longer needs this one
                 rows = apply(events, writer) if count else 0
             except Exception as error:
-                # Probed and written again from the decoded events, upcast anew (not cached:
-                # the upcasting may be what failed): a path a batch seldom takes.
+                if upcast_kept is not None and events is not upcast_kept:
+                    # The upcasting failed as its cache was built. Spark would take that cache
+                    # for the same plan below, and build it whole, failing, at every probe.
+                    upcast_kept.unpersist()
+                    upcast_kept = None
+                # Probed and written again from the decoded events, upcast anew when the
+                # upcasting is what failed: a path a batch seldom takes.
                 events = upcast(decoded, settings, categories) if stale else decoded
                 newly = park(events, batch_id, writer, error)
                 writer.release()
