@@ -21,7 +21,7 @@ from .kafka.client_options import KafkaAccessError, check_access
 from .kafka.topics import coordinators_ready, ensure_topics, topic_specs
 from .logs import configure_logging
 from .registry import ImportFailed, Registry, SettingMistake, load_registry
-from .schema.lock import LOCK_FILE, Lock, LockError, build_lock, read_lock, write_lock
+from .schema.lock import LOCK_FILE, Lock, LockError, build_lock, project_lock, read_lock, write_lock
 from .settings import Settings
 
 if TYPE_CHECKING:
@@ -638,7 +638,11 @@ def schema_asyncapi(
     from .schema.asyncapi import asyncapi_document
 
     settings = load_settings()
-    text = orjson.dumps(asyncapi_document(settings, domain_registry(settings)), option=orjson.OPT_INDENT_2).decode() + "\n"
+    try:
+        lock = project_lock()
+    except LockError as error:
+        raise fail(str(error)) from None
+    text = orjson.dumps(asyncapi_document(settings, domain_registry(settings), lock), option=orjson.OPT_INDENT_2).decode() + "\n"
     if file is None:
         typer.echo(text, nl=False)
     else:

@@ -18,6 +18,7 @@ from esk.processing.command_handler import handle_command
 from esk.protocol import CommandEnvelope
 from esk.registry import Registry, load_registry
 from esk.schema.asyncapi import asyncapi_document
+from esk.schema.lock import read_lock
 from esk.settings import Settings
 
 VALIDATOR = Path(__file__).resolve().parents[2] / "tools" / "asyncapi" / "validate.cjs"
@@ -37,6 +38,12 @@ def registry() -> Registry:
 @pytest.fixture(scope="module")
 def document(registry: Registry) -> dict[str, Any]:
     return asyncapi_document(settings(), registry)
+
+
+@pytest.fixture(scope="module")
+def with_lock(registry: Registry) -> dict[str, Any]:
+    """With the example's committed lock file, which holds Opened's and Placed's v1."""
+    return asyncapi_document(settings(), registry, read_lock(Path(__file__).resolve().parents[2] / "esk.lock.json"))
 
 
 def validate(tmp_path: Path, documents: dict[str, dict[str, Any]]) -> tuple[int, dict[str, list[str]]]:
@@ -62,9 +69,10 @@ def resolve(document: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
 
 
 @needs_node
-def test_the_document_is_valid_asyncapi(tmp_path: Path, document: dict[str, Any], registry: Registry) -> None:
+def test_the_document_is_valid_asyncapi(tmp_path: Path, document: dict[str, Any], with_lock: dict[str, Any], registry: Registry) -> None:
     documents = {
         "plaintext": document,
+        "with_earlier_versions": with_lock,
         "sasl_ssl": asyncapi_document(settings(security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-512"), registry),
         "mutual_tls": asyncapi_document(settings(security_protocol="SSL", ssl_certfile="client.pem"), registry),
     }
@@ -120,6 +128,28 @@ def test_a_message_is_the_current_version_of_its_event(document: dict[str, Any])
     # A nested model lives beside its event's schema in the components, referred to there.
     placed = resolve(document, document["channels"]["orders"]["messages"]["Placed"]["payload"]["properties"]["data"])
     assert resolve(document, placed["properties"]["lines"]["items"])["title"] == "Line"
+
+
+def test_an_earlier_schema_version_the_lock_holds_is_a_message_of_its_own(document: dict[str, Any], with_lock: dict[str, Any]) -> None:
+    messages = with_lock["channels"]["accounts"]["messages"]
+    assert set(messages) == {*document["channels"]["accounts"]["messages"], "Opened.v1"}
+    assert {"$ref": "#/channels/accounts/messages/Opened.v1"} in with_lock["operations"]["accounts.receive"]["messages"]
+    # a record an earlier release wrote (v1 said "name") is what its message says
+    written = {
+        "event_id": "accounts/legacy/1", "aggregate_type": "accounts", "aggregate_id": "legacy", "version": 1,
+        "type": "Opened", "schema_version": 1, "data": {"name": "old-timer"}, "command_id": "x",
+        "correlation_id": "x", "causation_id": "x", "recorded_at": 1_700_000_000_000,
+    }
+    old = messages["Opened.v1"]
+    assert set(written) == set(old["payload"]["properties"]) == set(old["payload"]["required"])
+    assert all(written[name] == field["const"] for name, field in old["payload"]["properties"].items() if "const" in field)
+    assert resolve(with_lock, old["payload"]["properties"]["data"])["required"] == ["name"]
+    assert old["headers"]["properties"]["esk-schema-version"] == {"type": "string", "const": "1"}
+    # the models a locked schema refers to are beside it, its references pointed there
+    placed = resolve(with_lock, with_lock["channels"]["orders"]["messages"]["Placed.v1"]["payload"]["properties"]["data"])
+    assert resolve(with_lock, placed["properties"]["lines"]["items"])["title"] == "Line"
+    assert "#/$defs/" not in json.dumps(with_lock)
+    assert "Opened.v1" not in document["channels"]["accounts"]["messages"]  # without the lock: the current versions
 
 
 @pytest.mark.parametrize(

@@ -31,6 +31,7 @@ from ..projections.reader import BadFilter, ReadModelNotBuilt, ReadModelNotFound
 from ..protocol import MAX_VERSION, StoredAggregate
 from ..registry import ImportFailed, Registry
 from ..schema.asyncapi import asyncapi_document
+from ..schema.lock import LockError, project_lock
 from ..settings import Settings
 from .auth import BearerAuth
 from .commands import AGGREGATE_ID, CommandEndpoint, CommandIntake, CommandRoutes, etag, json_response, outcome_response
@@ -351,7 +352,12 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
                 if topic in topics:
                     READ_MODEL_LAG.labels(name, topic, str(partition)).set(max(head - positions.get((topic, partition), 0), 0))
 
-    asyncapi = asyncapi_document(settings, registry)  # fixed for the process, like the registry
+    try:
+        lock = project_lock()
+    except LockError as error:  # the document without the earlier versions; the API serves all else
+        log.warning("GET /asyncapi.json leaves out the events' earlier schema versions: %s", error)
+        lock = None
+    asyncapi = asyncapi_document(settings, registry, lock)  # fixed for the process, like the registry
 
     @router.get("/asyncapi.json")
     async def get_asyncapi() -> Response:

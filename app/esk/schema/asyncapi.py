@@ -5,7 +5,9 @@ One channel per aggregate type, addressed by its events topic; one message per e
 A message's payload is the whole record value as esk writes it, the `EventRecord` envelope
 with `data` the event's current schema; its key is the aggregate id, its headers the esk-*
 ones. The envelope and the headers are read off `EventRecord` itself, so the document
-follows the record when its fields change.
+follows the record when its fields change. Given the project's lock file, each earlier
+schema version it holds of an event is a message too (`Opened.v1`): records of it stay on
+the topic for good, and a consumer that validates what it reads must take them.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from ..kafka.topics import TopicNames, topic_specs
 from ..protocol import EventRecord
 from ..registry import Registry
 from ..settings import Settings
+from .lock import JsonSchema, Lock, LockedAggregate
 
 ASYNCAPI_VERSION = "3.0.0"
 KAFKA_BINDING_VERSION = "0.5.0"
@@ -39,15 +42,23 @@ _READING = (
 )
 
 
-def asyncapi_document(settings: Settings, registry: Registry) -> dict[str, Any]:
-    """The AsyncAPI document of the events topics of `registry`'s aggregate types."""
+def asyncapi_document(settings: Settings, registry: Registry, lock: Lock | None = None) -> dict[str, Any]:
+    """The AsyncAPI document of the events topics of `registry`'s aggregate types, with the
+    earlier schema versions of their events that `lock` holds."""
     schemas: dict[str, Any] = {}
     envelope = _envelope(schemas)
     channels: dict[str, Any] = {}
     operations: dict[str, Any] = {}
     topics = TopicNames(settings.app)
     for aggregate in registry.values():
-        messages = {event.type_name(): _message(aggregate, event, envelope, schemas) for event in aggregate.events}
+        locked = lock.aggregates.get(aggregate.name) if lock is not None else None
+        messages: dict[str, Any] = {}
+        for event in aggregate.events:
+            name = event.type_name()
+            messages[name] = _message(aggregate.name, name, event.schema_version, _data_schema(aggregate, event, schemas), envelope)
+            for version, schema in _earlier_versions(locked, event):
+                data = _locked_data_schema(f"{aggregate.name}.{name}.v{version}", schema, schemas)
+                messages[f"{name}.v{version}"] = _message(aggregate.name, name, version, data, envelope, current=False)
         channels[aggregate.name] = {
             "address": topics.events(aggregate.name),
             "title": f"{aggregate.name} events",
@@ -102,24 +113,27 @@ def _envelope(schemas: dict[str, Any]) -> dict[str, Any]:
     return envelope
 
 
-def _message(aggregate: AggregateType[Any], event: type[Event], envelope: dict[str, Any], schemas: dict[str, Any]) -> dict[str, Any]:
-    name = event.type_name()
+def _message(
+    aggregate: str, name: str, version: int, data: dict[str, Any], envelope: dict[str, Any], current: bool = True
+) -> dict[str, Any]:
+    title = name if current else f"{name}.v{version}"
     payload = {
         **envelope,
-        "title": f"{aggregate.name} {name} record",
+        "title": f"{aggregate} {title} record",
         "properties": {
             **envelope["properties"],
             _TYPE: {"type": "string", "const": name},
-            _SCHEMA_VERSION: {"type": "integer", "const": event.schema_version},
-            _DATA: _data_schema(aggregate, event, schemas),
+            _SCHEMA_VERSION: {"type": "integer", "const": version},
+            _DATA: data,
         },
     }
+    earlier = "" if current else ", an earlier one: its records stay on the topic, and the upcasters bring them up to date"
     return {
-        "name": name,
-        "title": name,
-        "summary": f"{aggregate.name} {name} (schema version {event.schema_version})",
+        "name": title,
+        "title": title,
+        "summary": f"{aggregate} {name} (schema version {version}{earlier})",
         "contentType": "application/json",
-        "headers": _headers(envelope, event),
+        "headers": _headers(envelope, name, version),
         "payload": payload,
         "bindings": {
             "kafka": {
@@ -142,11 +156,45 @@ def _data_schema(aggregate: AggregateType[Any], event: type[Event], schemas: dic
     return {"$ref": _SCHEMAS + name}
 
 
-def _headers(envelope: dict[str, Any], event: type[Event]) -> dict[str, Any]:
-    """The headers EventRecord.headers() writes for `event`'s records. Two records of the
-    event that differ in every other field tell the headers apart: those that agree
-    depend on the event type alone (its name, its version) and are given as constants."""
-    fixed = {_TYPE: event.type_name(), _SCHEMA_VERSION: event.schema_version}
+def _earlier_versions(locked: LockedAggregate | None, event: type[Event]) -> list[tuple[int, JsonSchema]]:
+    """The schemas of `event`'s versions before its current one that the lock holds, oldest
+    first (a lock not written since the version was raised holds the last one as its own)."""
+    found = locked.events.get(event.type_name()) if locked is not None else None
+    if found is None:
+        return []
+    versions = {**found.older_versions, found.schema_version: found.schema}
+    return sorted((version, schema) for version, schema in versions.items() if version < event.schema_version)
+
+
+def _locked_data_schema(name: str, schema: JsonSchema, schemas: dict[str, Any]) -> dict[str, Any]:
+    """A reference to a locked schema, put into `schemas` under `name`, with the models it
+    refers to beside it, its references to them pointed there."""
+    prefix = "#/$defs/"
+
+    def moved(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {
+                key: f"{_SCHEMAS}{name}.{value.removeprefix(prefix)}" if key == "$ref" and isinstance(value, str) and value.startswith(prefix)
+                else moved(value)
+                for key, value in node.items()
+            }
+        if isinstance(node, list):
+            return [moved(item) for item in node]
+        return node
+
+    schema = dict(schema)
+    for model, definition in schema.pop("$defs", {}).items():
+        schemas[f"{name}.{model}"] = moved(definition)
+    schemas[name] = moved(schema)
+    return {"$ref": _SCHEMAS + name}
+
+
+def _headers(envelope: dict[str, Any], name: str, version: int) -> dict[str, Any]:
+    """The headers EventRecord.headers() writes for the records of event type `name` at
+    schema `version`. Two records that differ in every other field tell the headers apart:
+    those that agree depend on the event type alone (its name, its version) and are given
+    as constants."""
+    fixed = {_TYPE: name, _SCHEMA_VERSION: version}
     one, two = (
         dict(msgspec.convert({**_sample(envelope, seed), **fixed}, EventRecord).headers()) for seed in (1, 2)
     )

@@ -60,6 +60,12 @@ def build_lock(registry: Registry, previous: Lock | None = None) -> Lock:
     )
 
 
+def project_lock() -> Lock | None:
+    """The project's lock file (LOCK_FILE, in the directory esk runs in); None when it has
+    none. Raises LockError when it cannot be read."""
+    return read_lock() if LOCK_FILE.exists() else None
+
+
 def read_lock(path: Path = LOCK_FILE) -> Lock:
     try:
         text = path.read_bytes()
