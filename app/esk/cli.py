@@ -9,8 +9,9 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -58,6 +59,7 @@ cli.add_typer(subscriptions_cli, name="subscriptions")
 console = Console(soft_wrap=True, emoji=False)
 err = Console(stderr=True, soft_wrap=True, emoji=False)
 log = logging.getLogger("esk.cli")
+T = TypeVar("T")
 # Set by load_settings: with ESK_LOG_FORMAT=json, an error that ends a command is a JSON
 # line of the log too, not text among them.
 _errors_as_json = False
@@ -728,11 +730,18 @@ def subscriptions_status(
     """Each subscription's lag per input partition, and whether it has caught up; exit 1 if one has not."""
     from rich.table import Table
 
+    from .subscriptions.stores import DatabaseUnreachable
+
     settings = load_settings()
     names = [name] if name is not None else list(configured_subscriptions(settings))
     behind = []
     for each in names:
-        status = asyncio.run(subscription_operations(settings, each).status())
+        try:
+            status = asyncio.run(subscription_operations(settings, each).status())
+        except (DatabaseUnreachable, LookupError) as error:  # the others' status still tells
+            err.print(f"[red]error:[/red] {each}: {escape(str(error))}", highlight=False, soft_wrap=True)
+            behind.append(each)
+            continue
         table = Table("topic", "partition", "next offset", "end", "lag", "parked", title=f"{status.name} ({status.kind})")
         for p in status.partitions:
             next_offset = "-" if p.next_offset is None else str(p.next_offset)
@@ -756,8 +765,7 @@ def subscriptions_parked(
 
     from rich.table import Table
 
-    settings = load_settings()
-    parked = asyncio.run(subscription_operations(settings, name).parked(include_resolved))
+    parked = _operate(name, lambda operations: operations.parked(include_resolved))
     table = Table("aggregate", "event", "position", "parked at", "attempts", "reason", *(("status", "by") if include_resolved else ()))
     for event in sorted(parked, key=lambda e: (e.aggregate_id, e.topic, e.partition, e.offset)):
         when = datetime.fromtimestamp(event.parked_at / 1000, UTC).isoformat(timespec="seconds")
@@ -771,14 +779,14 @@ def subscriptions_parked(
 def subscriptions_retry(name: NameArgument, aggregate: AggregateOption = None, by: ByOption = None) -> None:
     """Handle the parked events again, in order per aggregate, with today's code and upcasters;
     exit 1 when some stay parked."""
-    report = asyncio.run(subscription_operations(load_settings(), name).retry(aggregate, by or _os_user()))
+    report = _operate(name, lambda operations: operations.retry(aggregate, by or _os_user()))
     _print_resolved(name, "retried", report)
 
 
 @subscriptions_cli.command("skip")
 def subscriptions_skip(name: NameArgument, aggregate: AggregateOption = None, by: ByOption = None) -> None:
     """Drop the parked events (of one aggregate, or all), recording who skipped them and when."""
-    report = asyncio.run(subscription_operations(load_settings(), name).skip(aggregate, by or _os_user()))
+    report = _operate(name, lambda operations: operations.skip(aggregate, by or _os_user()))
     _print_resolved(name, "skipped", report)
 
 
@@ -806,14 +814,12 @@ def subscriptions_reset(
     name: NameArgument,
     to: Annotated[str, typer.Option("--to", help="earliest, or an ISO 8601 time (e.g. 2025-01-31T12:00:00+00:00).")],
     keep_data: Annotated[
-        bool, typer.Option("--keep-data", help="A database handler without on_reset: replay into its tables as they are.")
+        bool, typer.Option("--keep-data", help="A database handler: replay into its tables as they are (on_reset not run); needed for --to <time>.")
     ] = False,
 ) -> None:
     """Replay: rewind the offsets (a database handler's on_reset hook runs in the same
     transaction); handlers see ctx.replaying until the subscription is back where it was."""
     from datetime import UTC, datetime
-
-    from .subscriptions.operations import RefusedError
 
     if to == "earliest":
         when = None
@@ -824,13 +830,24 @@ def subscriptions_reset(
             raise fail(f"--to must be earliest or an ISO 8601 time, not {to!r}") from None
         if when.tzinfo is None:
             when = when.replace(tzinfo=UTC)
-    try:
-        offsets = asyncio.run(subscription_operations(load_settings(), name).reset(when, keep_data))
-    except RefusedError as error:
-        raise fail(str(error)) from None
+    offsets = _operate(name, lambda operations: operations.reset(when, keep_data))
     for tp, offset in sorted(offsets.items()):
         console.print(f"{tp.topic}/{tp.partition} -> {offset}", highlight=False)
     console.print(f"{name}: reset to {to}", highlight=False)
+
+
+def _operate(name: str, operation: Callable[[Any], Coroutine[Any, Any, T]]) -> T:
+    """`operation` on the subscription's SubscriptionOperations; what refuses it, or a
+    database that does not answer, in a line."""
+    from .subscriptions.operations import RefusedError
+    from .subscriptions.stores import DatabaseUnreachable
+
+    try:
+        return asyncio.run(operation(subscription_operations(load_settings(), name)))
+    except RefusedError as error:
+        raise fail(str(error)) from None
+    except (DatabaseUnreachable, LookupError) as error:  # LookupError: a topic not made yet
+        raise fail(f"{name}: {error}") from None
 
 
 def print_rows(columns: list[str], rows: list[list[Any]], output: str) -> None:

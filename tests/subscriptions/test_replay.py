@@ -96,6 +96,12 @@ async def test_reset_to_a_time_replays_from_there(settings: Settings, tmp_path: 
         operations = SubscriptionOperations(settings, watcher, running.registry)
         async with subscriber(settings, watcher, running.registry):
             await wait_for(lambda: caught_up(operations), what="the watcher to catch up")
+            # a database handler's on_reset clears all its replay from the earliest writes
+            # again; from a time, only with its tables kept as they are
+            with pytest.raises(RefusedError, match=r"replays from .* only the events since then, while its on_reset clears"):
+                await SubscriptionOperations(settings, customer_ledger, running.registry).reset(middle)
+            with pytest.raises(RefusedError, match=r"replays from .* only the events since then, into tables that hold them"):
+                await operations.reset(middle)
             await operations.reset(middle, keep_data=True)
             await wait_for(lambda: len(query(settings, "watcher", "SELECT * FROM seen")) == 6, what="the replay")
         assert query(settings, "watcher", "SELECT order_id, version, replaying FROM seen WHERE replaying = 1") == [("late", 1, 1), ("late", 2, 1)]

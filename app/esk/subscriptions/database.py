@@ -75,6 +75,11 @@ class Database(ABC):
     def describe(self) -> str:
         """Where it is, for humans (a path, a host)."""
 
+    def unreachable(self, error: BaseException) -> bool:
+        """Whether `error` says the database does not answer now (a server down, a network
+        away), which waiting may mend, rather than that something was wrong."""
+        return False
+
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Transaction]:
         """Commit on success, roll back on any error."""

@@ -108,8 +108,10 @@ class SubscriptionOperations:
 
     async def status(self) -> SubscriptionStatus:
         tps = await all_partitions(self.settings, self.router.topics)
-        beginning, end, _ = await partition_offsets(self.settings, tps)
+        # the committed offsets first: the ends read after them are at or past them, where
+        # ends read first could be behind a member's later commit ("next 1185, end 1183")
         committed = await self.committed()
+        beginning, end, _ = await partition_offsets(self.settings, tps)
         async with self._stores() as stores:
             parked = await stores.parked_counts(tps)
         partitions = [
@@ -174,29 +176,40 @@ class SubscriptionOperations:
 
     async def reset(self, to: datetime | None, keep_data: bool = False) -> dict[TopicPartition, int]:
         """Rewind to the earliest offsets (`to` None) or to the first record at or after
-        `to`; return the new offsets. A database handler without an `on_reset` hook is
-        rewound only when `keep_data` says its tables may take the events again as they are."""
+        `to`; return the new offsets. A database handler's `on_reset` hook clears its tables
+        in the rewind's transaction, for a replay from the earliest offsets; `keep_data`
+        leaves them as they are instead, the replay taking events they hold again. Without
+        it, a database handler is not rewound to a time (its `on_reset` would clear what a
+        replay from there never writes again), nor at all without an `on_reset`."""
         subscription = self.subscription
-        if isinstance(subscription, DatabaseHandler) and subscription.on_reset is None and not keep_data:
-            raise RefusedError(
-                f"subscription {subscription.name!r} has no on_reset: its tables keep what they hold, and the replay "
-                "applies each event again (right for upserts, wrong for counters and sums): give it an on_reset that "
-                "clears what the replay writes again, or replay with --keep-data"
-            )
+        if isinstance(subscription, DatabaseHandler) and not keep_data:
+            if to is not None:
+                raise RefusedError(
+                    f"subscription {subscription.name!r} replays from {to.isoformat()} only the events since then, "
+                    f"{'while its on_reset clears what a replay from the earliest writes' if subscription.on_reset else 'into tables that hold them'}: "
+                    "reset it --to earliest, or replay from the time into its tables as they are with --keep-data "
+                    "(right for upserts, wrong for counters and sums)"
+                )
+            if subscription.on_reset is None:
+                raise RefusedError(
+                    f"subscription {subscription.name!r} has no on_reset: its tables keep what they hold, and the replay "
+                    "applies each event again (right for upserts, wrong for counters and sums): give it an on_reset that "
+                    "clears what the replay writes again, or replay with --keep-data"
+                )
         tps = await all_partitions(self.settings, self.router.topics)
         at_ms = None if to is None else int(to.timestamp() * 1000)
         beginning, _, at = await partition_offsets(self.settings, tps, at_ms)
         offsets = beginning if to is None else at
         if isinstance(self.subscription, DatabaseHandler):
-            await self._reset_database(offsets)
+            await self._reset_database(offsets, clear=not keep_data)
         else:
             await self._reset_group(offsets)
         return offsets
 
-    async def _reset_database(self, offsets: dict[TopicPartition, int]) -> None:
+    async def _reset_database(self, offsets: dict[TopicPartition, int], clear: bool) -> None:
         assert isinstance(self.subscription, DatabaseHandler)
         async with self._stores() as stores, _transaction(stores) as tx:
-            if self.subscription.on_reset is not None:
+            if clear and self.subscription.on_reset is not None:
                 await self.subscription.on_reset(tx.sql)
             await rewind(tx.esk, self.subscription.name, offsets)
 

@@ -160,12 +160,20 @@ class PostgresDatabase(Database):
         self.idle_in_transaction_timeout_ms = max(1, round(idle_in_transaction_timeout_s * 1000))
         self.lock = asyncio.Lock()
         self._connection: psycopg.AsyncConnection[Row] | None = None
+        self._reconnecting = False  # a lost connection is being replaced
 
     def describe(self) -> str:
         from psycopg.conninfo import conninfo_to_dict
 
         info: dict[str, Any] = conninfo_to_dict(self.dsn)
         return f"postgresql://{info.get('host', 'localhost')}:{info.get('port', 5432)}/{info.get('dbname', '')}"
+
+    def unreachable(self, error: BaseException) -> bool:
+        import psycopg
+
+        # psycopg's kind for a server that went away or never answered, as against a
+        # statement's mistake (ProgrammingError) or a constraint (IntegrityError)
+        return isinstance(error, psycopg.OperationalError)
 
     async def open(self) -> None:
         if self._connection is None:
@@ -219,9 +227,13 @@ class PostgresDatabase(Database):
             raise RuntimeError(f"{self.describe()} is not open")
         if not connection.closed:
             return connection
-        log.warning("the connection to %s was lost; connecting again", self.describe())
+        if not self._reconnecting:  # once an outage: each try after it fails as the first did
+            log.warning("the connection to %s was lost; connecting again", self.describe())
+            self._reconnecting = True
         # until this succeeds the lost connection stays: the next transaction tries again
         self._connection = connection = await self._connect()
+        self._reconnecting = False
+        log.info("connected to %s again", self.describe())
         return connection
 
     async def close(self) -> None:

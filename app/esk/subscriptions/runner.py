@@ -32,13 +32,18 @@ from ..metrics import SUBSCRIPTION_CAUGHT_UP, SUBSCRIPTION_LAG, SUBSCRIPTION_PAR
 from ..settings import Settings
 from .api import AnySubscription
 from .routing import Router, check_outcome_commands
-from .stores import Stores, group_id
+from .stores import DatabaseUnreachable, Stores, group_id, in_a_line
 from .worker import PartitionWorker
 
 log = logging.getLogger(__name__)
 
 Chunk = tuple[Sequence[ConsumerRecord[bytes, bytes]], int]  # records, and the position after them
 RESTART_DELAYS_S = (0.5, 1.0, 2.0, 5.0)
+# A partition that keeps failing to start, or a database awaited at the subscriber's start,
+# is told again this often (each try in between at DEBUG): an outage of a minute would
+# otherwise write a warning per partition every few seconds.
+STILL_FAILING_EVERY_S = 60.0
+DATABASE_WAIT_S = 5.0  # between tries to reach a database handler's database at the start
 IDLE_CHECK_S = 1.0
 PARKED_REPORT_S = 10.0  # how often the subscriber reads how many events its partitions hold parked
 
@@ -66,15 +71,15 @@ class InputPartition:
             await self._task
 
     async def _run(self) -> None:
-        failures = 0
+        failing = _Failing()
         while True:
             self.worker = PartitionWorker(
                 self.runner.subscription, self.runner.router, self.runner.stores.sink(self.tp),
                 traced=self.runner.settings.tracing.enabled,
             )
             try:
-                await self._start(self.worker)
-                failures = 0
+                await self._start(self.worker, failing.since_first())
+                failing = _Failing()
                 while True:
                     records, end = await self._chunks.get()
                     await self.worker.handle(records, end)
@@ -82,9 +87,8 @@ class InputPartition:
             except asyncio.CancelledError:
                 raise
             except Exception as error:
-                failures += 1
-                delay = RESTART_DELAYS_S[min(failures, len(RESTART_DELAYS_S)) - 1]
-                log.warning("%s: %s/%s starts again in %.1fs after %r", self.runner.subscription.name, self.tp.topic, self.tp.partition, delay, error)
+                delay = RESTART_DELAYS_S[min(failing.tries + 1, len(RESTART_DELAYS_S)) - 1]
+                failing.tell(error, f"{self.runner.subscription.name}: {self.tp.topic}/{self.tp.partition} starts again in {delay:.1f}s after ")
                 self.running = self.busy = False
                 self.runner.consumer.pause(self.tp)
                 while not self._chunks.empty():
@@ -94,7 +98,7 @@ class InputPartition:
                 self.running = False
                 await _quietly(self.worker.close())
 
-    async def _start(self, worker: PartitionWorker) -> None:
+    async def _start(self, worker: PartitionWorker, after: str) -> None:
         consumer = self.runner.consumer
         consumer.pause(self.tp)
         start = await worker.open()
@@ -104,12 +108,42 @@ class InputPartition:
             consumer.seek(self.tp, start)
         self.running = True
         self._resume()
-        log.info("%s: %s/%s started at %s", self.runner.subscription.name, self.tp.topic, self.tp.partition, "the beginning" if start is None else start)
+        log.info(
+            "%s: %s/%s started at %s%s", self.runner.subscription.name, self.tp.topic, self.tp.partition,
+            "the beginning" if start is None else start, after,
+        )
 
     def _resume(self) -> None:
         self.busy = False
         if self.tp in self.runner.consumer.assignment():
             self.runner.consumer.resume(self.tp)
+
+
+class _Failing:
+    """Tries in a row that failed the same way, and what the log was told of them: the
+    first, then each STILL_FAILING_EVERY_S, and another failure at once."""
+
+    def __init__(self) -> None:
+        self.tries = 0
+        self.first = self.told = 0.0
+        self.reason = ""
+
+    def tell(self, error: BaseException, what: str) -> None:
+        """`what` happens after `error` (in a line, after it)."""
+        reason, now = in_a_line(error), time.monotonic()
+        self.tries += 1
+        if self.tries == 1:
+            self.first = now
+        if reason != self.reason or now - self.told >= STILL_FAILING_EVERY_S:
+            again = f" (failing so for {now - self.first:.0f}s, {self.tries} tries)" if reason == self.reason else ""
+            log.warning("%s%s%s", what, reason, again)
+            self.reason, self.told = reason, now
+        else:
+            log.debug("%s%s", what, reason)
+
+    def since_first(self) -> str:
+        """What a start after them says of them."""
+        return f", after {self.tries} failed tries over {time.monotonic() - self.first:.0f}s" if self.tries else ""
 
 
 async def _quietly(closing: Any) -> None:
@@ -159,7 +193,8 @@ class SubscriptionRunner:
 
     async def run(self, stop: asyncio.Event) -> None:
         self._consumer = consumer = self._make_consumer()
-        await self.stores.open(consumer)
+        if not await self._open_stores(consumer, stop):
+            return
         consumer.subscribe(self.router.topics, listener=_Listener(self))
         # Beside the loop, not in it: the count waits for the store, which a long unit of a
         # partition holds (a database handler's transaction), and the loop must go on
@@ -193,6 +228,26 @@ class SubscriptionRunner:
             await stop_consumer(consumer)
             self._consumer = None
             await self.stores.close()
+
+    async def _open_stores(self, consumer: AIOKafkaConsumer, stop: asyncio.Event) -> bool:
+        """Opens the stores, waiting for a database handler's database that does not answer
+        yet, as the subscriber waits for a broker: a subscriber started in a database's outage
+        (a restarted pod) would otherwise fail, and its restarts back off further each time.
+        False when asked to stop meanwhile."""
+        failing = _Failing()
+        while True:
+            try:
+                await self.stores.open(consumer)
+            except DatabaseUnreachable as error:
+                failing.tell(error.cause, f"{self.subscription.name}: its database {error.where} does not answer, waiting for it: ")
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), DATABASE_WAIT_S)
+                if stop.is_set():
+                    return False
+                continue
+            if failing.tries:
+                log.info("%s: its database answers%s", self.subscription.name, failing.since_first())
+            return True
 
     async def _move_idle_offsets(self) -> None:
         """Every idle partition gets an empty chunk: one whose position moved past records it

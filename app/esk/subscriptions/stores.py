@@ -32,6 +32,19 @@ def database_of(settings: Settings, subscription: DatabaseHandler) -> Database:
     return config.connect(Path(settings.subscriber.data_dir) / f"{subscription.name}.sqlite")
 
 
+class DatabaseUnreachable(Exception):
+    """A database handler's database did not answer as the stores opened."""
+
+    def __init__(self, database: Database, cause: BaseException) -> None:
+        self.where, self.cause = database.describe(), cause
+        super().__init__(f"its database {self.where} does not answer ({in_a_line(cause)})")
+
+
+def in_a_line(error: BaseException) -> str:
+    """An error's class and message in one line (a driver's message may run to several)."""
+    return f"{type(error).__name__}: {' '.join(line.strip() for line in str(error).splitlines() if line.strip())}"
+
+
 class Stores:
     """Open it (inside the running loop) with the consumer whose group holds the Kafka kinds'
     offsets: the subscriber's own member, or for a command-line tool one that is in no group
@@ -51,8 +64,15 @@ class Stores:
         self._consumer = consumer
         subscription = self.subscription
         if isinstance(subscription, DatabaseHandler):
-            self.database = database_of(self.settings, subscription)
-            await prepare(self.database, subscription)
+            database = database_of(self.settings, subscription)
+            try:
+                await prepare(database, subscription)
+            except Exception as error:
+                await database.close()
+                if database.unreachable(error):
+                    raise DatabaseUnreachable(database, error) from error
+                raise
+            self.database = database
             return
         report = await ensure_topics(self.settings, [parked_topic_spec(self.settings, subscription.name)])
         if report.problems:

@@ -1,0 +1,95 @@
+"""A database handler whose PostgreSQL database does not answer, against the real broker and
+server: the subscriber waits for it at its start, as it waits for a broker, and takes its
+events once it answers; the operator's commands say so in a line, and the status of the
+subscriptions that keep their offsets in Kafka still shows."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from domain.orders import Placed, orders
+from esk import DatabaseContext, DatabaseHandler, PostgreSQL
+from esk.cli import cli
+from esk.kafka.topics import ensure_topics, topic_specs
+from esk.registry import load_registry
+from esk.settings import Settings
+from subscriptions import customer_ledger
+from tests.postgres import PostgresServer
+from tests.subscriptions.running import subscriber, subscriber_settings
+from tests.system import system, wait_for
+
+pytestmark = pytest.mark.kafka
+
+
+def _placed_log(dsn: str) -> DatabaseHandler:
+    handler = DatabaseHandler(
+        "placed_log", reads=[orders], database=PostgreSQL(dsn),
+        schema=["CREATE TABLE IF NOT EXISTS placed (order_id TEXT PRIMARY KEY)"],
+    )
+
+    @handler.on(Placed)
+    async def _placed(event: Placed, ctx: DatabaseContext) -> None:
+        await ctx.db.execute("INSERT INTO placed VALUES (%s)", (ctx.aggregate_id,))
+
+    return handler
+
+
+# What `esk subscriptions` imports (ESK_SUBSCRIPTIONS): one whose database is where nothing
+# listens, beside the example's ledger (SQLite)
+SUBSCRIPTIONS = [_placed_log("postgresql://nobody@127.0.0.1:9/none"), customer_ledger]
+
+
+async def test_a_subscriber_waits_for_its_database_at_its_start(
+    settings: Settings, postgres: PostgresServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="esk.subscriptions.runner")
+    # a database the test makes only later: until then the server refuses the connection
+    # (psycopg's OperationalError, as for a server down)
+    name = f"t_{uuid.uuid4().hex}"
+    handler = _placed_log(postgres.dsn_for(name))
+    settings = subscriber_settings(settings, tmp_path / "subscriptions")
+    try:
+        async with system(settings) as running:
+            r = await running.client.post("/v1/orders/o1/place", json={"customer_id": "c1", "lines": [{"sku": "a", "qty": 1, "price": 1}]})
+            assert r.status_code == 200, r.text
+            async with subscriber(settings, handler, running.registry) as member:
+                await wait_for(lambda: "does not answer, waiting for it" in caplog.text, what="the subscriber to wait")
+                assert not member.task.done()  # it waits; it did not fail
+                await asyncio.sleep(1)
+                assert "does not answer" in caplog.text and caplog.text.count("does not answer, waiting for it") == 1  # told once
+                await asyncio.to_thread(postgres.create_database, name)
+                await member.caught_up()
+            with postgres.connect(name) as db:
+                assert db.execute("SELECT order_id FROM placed").fetchall() == [("o1",)]
+        assert "placed_log: its database answers, after " in caplog.text
+    finally:
+        await asyncio.to_thread(postgres.drop_database, name)
+
+
+def test_the_operators_commands_say_in_a_line_that_its_database_does_not_answer(
+    settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for variable, value in {
+        "ESK_APP": settings.app,
+        "ESK_KAFKA__BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+        "ESK_SUBSCRIPTIONS": f"{__name__}:SUBSCRIPTIONS",
+        "ESK_SUBSCRIBER__DATA_DIR": str(tmp_path),
+        "COLUMNS": "250",
+    }.items():
+        monkeypatch.setenv(variable, value)
+    asyncio.run(ensure_topics(settings, topic_specs(settings, load_registry(settings.domain))))
+    for command in (["status", "placed_log"], ["parked", "placed_log"], ["retry", "placed_log"], ["reset", "placed_log", "--to", "earliest", "--keep-data"]):
+        told = CliRunner().invoke(cli, ["subscriptions", *command])
+        assert told.exit_code == 1, told.output
+        [line] = [line for line in told.output.splitlines() if line.strip()]
+        assert line.startswith("error: placed_log: its database postgresql://127.0.0.1:9/none does not answer (OperationalError: "), line
+    # every subscription's status: the other's still shows
+    told = CliRunner().invoke(cli, ["subscriptions", "status"])
+    assert told.exit_code == 1 and "error: placed_log: its database" in told.output, told.output
+    assert "customer_ledger: caught up" in told.output, told.output
