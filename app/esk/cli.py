@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import logging
 import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
@@ -19,7 +20,7 @@ from rich.markup import escape
 
 from .broker import BrokerError, EmbeddedBroker
 from .kafka.client_options import KafkaAccessError, check_access
-from .kafka.topics import coordinators_ready, ensure_topics, topic_specs
+from .kafka.topics import coordinators_ready, ensure_topics, missing_topics, topic_specs
 from .logs import configure_logging
 from .registry import ImportFailed, Registry, SettingMistake, load_registry
 from .schema.lock import LOCK_FILE, Lock, LockError, build_lock, project_lock, read_lock, write_lock
@@ -106,6 +107,7 @@ def domain_registry(settings: Settings) -> Registry:
 
 # How often a long-running process asks again for a broker that is down as it starts.
 KAFKA_WAIT_S = 2.0
+TOPICS_WAIT_TOLD_EVERY_S = 60.0  # a process waiting for its topics says so again this often
 
 
 def require_kafka_access(settings: Settings, needed_by: str | None = None, wait: bool = False) -> None:
@@ -130,9 +132,40 @@ def require_kafka_access(settings: Settings, needed_by: str | None = None, wait:
         if not told:
             err.print(f"no Kafka broker answers at {settings.bootstrap_servers} yet: waiting for one (Ctrl-C stops)", highlight=False)
             told = True
-        time.sleep(KAFKA_WAIT_S)
+        with _ended_by_sigterm():
+            time.sleep(KAFKA_WAIT_S)
     if told:
         err.print(f"Kafka at {settings.bootstrap_servers} answers: starting", highlight=False)
+
+
+def require_topics(settings: Settings, names: list[str]) -> None:
+    """A long-running process started beside `esk topics init` (a Job, a script) waits for
+    the topics it reads and writes, as it waits for a broker: its clients would log an
+    ERROR ten times a second for 30 s, then fail with a traceback."""
+    told = 0.0
+    with _ended_by_sigterm():
+        while missing := asyncio.run(missing_topics(settings, names)):
+            if time.monotonic() - told >= TOPICS_WAIT_TOLD_EVERY_S:
+                err.print(f"no topic {', '.join(missing)} yet: waiting for `esk topics init` (Ctrl-C stops)", highlight=False, soft_wrap=True)
+                told = time.monotonic()
+            time.sleep(KAFKA_WAIT_S)
+    if told:
+        err.print("the topics are there: starting", highlight=False)
+
+
+@contextlib.contextmanager
+def _ended_by_sigterm() -> Iterator[None]:
+    """A process that waits to start ends at SIGTERM (a pod deleted, `docker stop`) as it
+    does once running: cleanly, exit 0, rather than killed by the signal."""
+
+    def end(signum: int, frame: object) -> None:
+        raise SystemExit(0)
+
+    previous = signal.signal(signal.SIGTERM, end)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 PortOption = Annotated[int | None, typer.Option("--port", help="Broker port (ESK_BROKER__PORT).")]
@@ -201,10 +234,15 @@ def processor() -> None:
     from .runtime import run_processor
 
     settings = load_settings()
-    _refuse_stored_events_broken(domain_registry(settings))  # the registry fails in one line here; the runtime loads it again (cached)
-    require_kafka_access(settings, wait=True)
+    registry = domain_registry(settings)  # fails in one line here; the runtime loads it again (cached)
+    _refuse_stored_events_broken(registry)
+
+    def wait() -> None:
+        require_kafka_access(settings, wait=True)
+        require_topics(settings, [spec.name for spec in topic_specs(settings, registry)])
+
     try:
-        run_processor(settings)
+        run_processor(settings, wait)
     except HeldElsewhere as error:
         raise fail(f"another processor{error.holder} runs over {settings.processor.state_dir}: give each its own ESK_PROCESSOR__STATE_DIR") from None
     except CannotListen as error:
@@ -234,13 +272,18 @@ def subscriber(name: Annotated[str, typer.Argument(help="A subscription (see `es
     """Run one subscription (production entry point); several processes share its partitions."""
     from .health import CannotListen
     from .runtime import run_subscriber
+    from .subscriptions.routing import Router
 
     settings = load_settings()
-    domain_registry(settings)  # fails in one line here; the runtime loads it again (cached)
-    subscription_named(settings, name)
-    require_kafka_access(settings, wait=True)
+    registry = domain_registry(settings)  # fails in one line here; the runtime loads it again (cached)
+    subscription = subscription_named(settings, name)
+
+    def wait() -> None:
+        require_kafka_access(settings, wait=True)
+        require_topics(settings, Router(subscription, registry, settings.app).topics)
+
     try:
-        run_subscriber(settings, name)
+        run_subscriber(settings, name, wait)
     except CannotListen as error:
         raise fail(f"{error}: give each subscriber on this host its own ESK_SUBSCRIBER__METRICS_PORT") from None
 
@@ -532,9 +575,9 @@ def _refuse_stored_events_broken(registry: Registry) -> None:
     stored under it: it would write the new shape under the old schema version, beside
     stored events of that version that its upcasters then can never all read. Under esk dev,
     which warns instead, it starts."""
-    from .runtime import DEV_LOCK_FD_VARIABLE
+    from .runtime import DEV_CHILD_VARIABLE
 
-    if DEV_LOCK_FD_VARIABLE in os.environ:
+    if DEV_CHILD_VARIABLE in os.environ:
         return
     broken = _stored_events_broken_here(registry) or []
     for finding in broken:

@@ -1,12 +1,15 @@
 """The operations endpoints of a process that has no HTTP API of its own (the processor,
-a subscriber): `/metrics` (Prometheus), `/healthz` (the process answers), and `/readyz`
-(200 only while `ready()` holds: for the processor, every assigned partition restored,
-rebuilt and handling commands). Served from a thread, so they answer while the event loop
-is busy restoring or rebuilding a store."""
+a subscriber): `/metrics` (Prometheus), `/healthz` (the process answers, and its event loop
+ran within LOOP_STALL_S), and `/readyz` (200 only while `ready()` holds: for the processor,
+every assigned partition restored, rebuilt and handling commands). Served from a thread,
+so they answer while the event loop is busy restoring or rebuilding a store; that thread
+would answer for a loop stuck in a blocking call too, which the heartbeat tells."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
+import time
 from collections.abc import Callable, Iterable
 from socketserver import ThreadingMixIn
 from typing import Any
@@ -31,17 +34,42 @@ class _QuietHandler(WSGIRequestHandler):
         """Probes every few seconds would drown the process's own log."""
 
 
-def serve_operations(host: str, port: int, ready: Callable[[], bool], metrics_of: CollectorRegistry) -> None:
-    """Start the endpoints on `host:port` in a daemon thread; /metrics serves `metrics_of`.
-    Raises CannotListen."""
+# Longer than any step the loop takes between two awaits (a batch of commands, a RocksDB
+# write batch), far shorter than a liveness probe's patience.
+LOOP_STALL_S = 60.0
+
+
+class LoopHeartbeat:
+    """When the process's event loop last ran `beat`'s task: alive until it has not for
+    `stall_s`, and before the loop runs it (the process waits for a broker, its topics)."""
+
+    def __init__(self, stall_s: float = LOOP_STALL_S) -> None:
+        self.stall_s = stall_s
+        self.last: float | None = None
+
+    async def beat(self) -> None:
+        while True:
+            self.last = time.monotonic()
+            await asyncio.sleep(min(1.0, self.stall_s / 4))
+
+    def alive(self) -> bool:
+        return self.last is None or time.monotonic() - self.last < self.stall_s
+
+
+def serve_operations(
+    host: str, port: int, ready: Callable[[], bool], metrics_of: CollectorRegistry, alive: Callable[[], bool] = lambda: True
+) -> None:
+    """Start the endpoints on `host:port` in a daemon thread; /metrics serves `metrics_of`,
+    /healthz `alive`, /readyz `ready`. Raises CannotListen."""
     metrics = make_wsgi_app(metrics_of)
 
     def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "")
         if path in ("/healthz", "/readyz"):
-            ok = path == "/healthz" or ready()
+            ok = alive() if path == "/healthz" else ready()
+            status = b'{"status":"ok"}' if ok else b'{"status":"not ready"}' if path == "/readyz" else b'{"status":"event loop stalled"}'
             start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "application/json")])
-            return [b'{"status":"ok"}' if ok else b'{"status":"not ready"}']
+            return [status]
         if path != "/metrics":
             start_response("404 Not Found", [("Content-Type", "application/json")])
             return [b'{"status":"not found: /metrics, /healthz or /readyz"}']

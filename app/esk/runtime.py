@@ -16,11 +16,12 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from aiokafka.errors import ProducerFenced
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn
 
 from . import tracing
-from .health import serve_operations
+from .health import LoopHeartbeat, serve_operations
 from .metrics import Kind, exported
 from .processes import hold_lock, kill_tree, set_from_signal_handler
 from .processing.processor import Processor
@@ -35,10 +36,21 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def run_processor(settings: Settings) -> None:
+def run_processor(settings: Settings, wait: Callable[[], None] = lambda: None) -> None:
+    """The processor, once `wait` (for a broker, for its topics) has returned; its operations
+    endpoints answer meanwhile (alive, not ready), and a port another process has is told
+    before any waiting."""
     return_large_blocks()
     tracing.setup(settings, "processor")
     registry = load_registry(settings.domain)
+    heartbeat = LoopHeartbeat()
+    running: list[Processor] = []
+    if settings.processor.metrics_port is not None:
+        serve_operations(
+            settings.processor.metrics_host, settings.processor.metrics_port, lambda: bool(running) and running[0].ready,
+            exported(Kind.PROCESSOR), heartbeat.alive,
+        )
+    wait()
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -60,18 +72,42 @@ def run_processor(settings: Settings) -> None:
             bars.update(shown[bar], completed=progress.restored, rate=progress.rate)
 
         processor = Processor(settings, registry, on_restore_progress=show)
-        if settings.processor.metrics_port is not None:
-            serve_operations(settings.processor.metrics_host, settings.processor.metrics_port, lambda: processor.ready, exported(Kind.PROCESSOR))
+        running.append(processor)
         _freeze_startup_objects()
-        asyncio.run(_until_signalled(processor.run))
+        asyncio.run(_until_signalled(processor.run, heartbeat, "the processor"))
 
 
-async def _until_signalled(main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
+async def _until_signalled(main: Callable[[asyncio.Event], Awaitable[None]], heartbeat: LoopHeartbeat, what: str) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    signalled: list[str] = []
+
+    def asked(sig: signal.Signals) -> None:
+        signalled.append(sig.name)
+        stop.set()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await main(stop)
+        loop.add_signal_handler(sig, asked, sig)
+    loop.set_exception_handler(told_fences_quiet)
+    beating = asyncio.create_task(heartbeat.beat(), name="loop-heartbeat")
+    try:
+        await main(stop)
+    finally:
+        beating.cancel()
+    if signalled:  # a clean stop, which a supervisor's log should show as one
+        log.info("%s stopped (%s)", what, signalled[0])
+
+
+def told_fences_quiet(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """The event loop's handler of errors nothing handled: a transactional producer's fence
+    is left by aiokafka on futures nothing awaits (its transaction's, a batch's), which
+    asyncio logs as they are collected, an ERROR with a traceback, long after esk told the
+    fence where it met it (a task given up, a partition started again). Anything else is
+    logged as asyncio would."""
+    if isinstance(context.get("exception"), ProducerFenced) and "never retrieved" in str(context.get("message", "")):
+        log.debug("a fence aiokafka left unretrieved: %r", context["exception"])
+        return
+    loop.default_exception_handler(context)
 
 
 def _freeze_startup_objects() -> None:
@@ -104,19 +140,25 @@ def run_api(settings: Settings) -> None:
             held.close()
 
 
-def run_subscriber(settings: Settings, name: str) -> None:
-    """One subscription's consumer group member."""
+def run_subscriber(settings: Settings, name: str, wait: Callable[[], None] = lambda: None) -> None:
+    """One subscription's consumer group member, once `wait` has returned (as run_processor)."""
     from .subscriptions.catalog import configured_subscriptions
     from .subscriptions.runner import SubscriptionRunner
 
     tracing.setup(settings, f"subscriber-{name}")
     registry = load_registry(settings.domain)
-    runner = SubscriptionRunner(settings, configured_subscriptions(settings)[name], registry)
+    heartbeat = LoopHeartbeat()
+    waited = threading.Event()
     if settings.subscriber.metrics_port is not None:
         # A subscriber takes no requests: ready as soon as it runs (its lag is in /metrics).
-        serve_operations(settings.subscriber.metrics_host, settings.subscriber.metrics_port, lambda: True, exported(Kind.SUBSCRIBER))
+        serve_operations(
+            settings.subscriber.metrics_host, settings.subscriber.metrics_port, waited.is_set, exported(Kind.SUBSCRIBER), heartbeat.alive
+        )
+    wait()
+    waited.set()
+    runner = SubscriptionRunner(settings, configured_subscriptions(settings)[name], registry)
     _freeze_startup_objects()
-    asyncio.run(_until_signalled(runner.run))
+    asyncio.run(_until_signalled(runner.run, heartbeat, f"the subscriber of {name}"))
 
 
 # Above the read models' wait for their batch in flight (projections.runner.STOP_WAIT_S, 20 s).
@@ -199,6 +241,9 @@ ESK = [sys.executable, "-m", "esk"]
 # In the environment of the `esk dev --no-reload` below an esk dev that watches the code:
 # the file descriptor of the lock that esk dev holds, which it hands down to it.
 DEV_LOCK_FD_VARIABLE = "_ESK_DEV_LOCK_FD"
+# Set in the environment of the processes esk dev starts (a processor under esk dev only
+# warns of code that breaks the events stored under the lock file: esk dev has).
+DEV_CHILD_VARIABLE = "_ESK_DEV_CHILD"
 DEV_LOCK = "esk-dev.lock"
 API_LOCK = "esk-api.lock"
 # The lock's descriptor, which every process esk dev starts gets a copy of: the lock
@@ -229,7 +274,7 @@ def _spawn(command: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
 def _children_env(settings: Settings) -> dict[str, str]:
     """esk dev's processes use its broker, the embedded one included."""
     env = {k: v for k, v in os.environ.items() if k != DEV_LOCK_FD_VARIABLE}
-    return {**env, "ESK_KAFKA__BOOTSTRAP_SERVERS": settings.bootstrap_servers}
+    return {**env, "ESK_KAFKA__BOOTSTRAP_SERVERS": settings.bootstrap_servers, DEV_CHILD_VARIABLE: "1"}
 
 
 def run_dev(settings: Settings, subscriptions: list[str], read_models: bool = False) -> int:

@@ -103,7 +103,8 @@ class ProcessorSettings(BaseModel):
     transaction_timeout_ms: int = 60_000
     session_timeout_ms: int = 10_000
     max_poll_interval_ms: int = 300_000
-    # Prometheus metrics of `esk processor` (None: no metrics server).
+    # Prometheus metrics, /healthz and /readyz of `esk processor` (None, in code alone: no
+    # such server; a test's processes share one).
     metrics_port: int | None = 9464
     metrics_host: str = "127.0.0.1"
 
@@ -202,8 +203,8 @@ class SubscriberSettings(BaseModel):
     batch_max_records: int = 5000
     session_timeout_ms: int = 10_000
     max_poll_interval_ms: int = 300_000
-    # Prometheus metrics of `esk subscriber` (None: no metrics server); `esk dev` gives
-    # each subscription's process the next port.
+    # Prometheus metrics, /healthz and /readyz of `esk subscriber` (None, in code alone: no
+    # such server); `esk dev` gives each subscription's process the next port.
     metrics_port: int | None = 9465
     metrics_host: str = "127.0.0.1"
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -16,10 +17,13 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.errors import KafkaError, UnknownTopicOrPartitionError
 
 from esk.broker import BrokerError, EmbeddedBroker
+from esk.broker.embedded import BrokerNode
 from esk.broker.ports import free_port, free_port_pair
 from esk.kafka.client_options import client_options
+from esk.kafka.reader import group_member
 from esk.kafka.topics import TopicNames, coordinators_ready, ensure_topics, topic_specs
 from esk.registry import load_registry
 from esk.settings import BrokerSettings, Settings
@@ -116,6 +120,59 @@ async def test_a_wrong_partition_count_or_policy_is_reported(settings: Settings)
     report = await ensure_topics(settings, wrong)
     assert report.problems == [f"{changelog} has cleanup.policy=compact, expected delete"]
 
+    # an events topic that deletes events after a week (made by hand, or by the broker's
+    # defaults before `esk topics init`): the source of truth would go
+    events = TopicNames(settings.app).events("accounts")
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers)
+    await admin.start()
+    try:
+        await admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, events, configs={"retention.ms": "604800000"})])
+    finally:
+        await admin.close()
+    report = await ensure_topics(settings, specs)
+    assert report.problems == [
+        f"{events} has retention.ms=604800000, expected -1 (events are kept forever: Kafka deletes them past any other)"
+    ]
+
+
+def test_esk_clients_never_make_a_topic_the_broker_would_make_on_its_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a cluster that makes a topic a client names (auto.create.topics.enable, Kafka's
+    default), a processor or subscriber started before `esk topics init` would make its
+    topics with the broker's defaults: esk's clients ask for no topic to be made."""
+    properties = BrokerNode.properties
+    monkeypatch.setattr(BrokerNode, "properties", lambda node: {**properties(node), "auto.create.topics.enable": "true"})
+    embedded = EmbeddedBroker(BrokerSettings(port=free_port_pair(), data_dir=tmp_path / "b"))
+    embedded.start()
+    try:
+        settings = Settings(app="auto", kafka={"bootstrap_servers": embedded.bootstrap}, _env_file=None)
+        names = TopicNames("auto")
+
+        async def read_and_write() -> set[str]:
+            consumer = group_member(settings, "auto.processor", 10_000, 60_000)
+            consumer.subscribe([names.commands])
+            producer = AIOKafkaProducer(**{**client_options(settings), "request_timeout_ms": 3000})
+            await producer.start()
+            try:
+                # its start asks for the topic's metadata at once, then waits for it (30 s)
+                with contextlib.suppress(UnknownTopicOrPartitionError, TimeoutError):
+                    await asyncio.wait_for(consumer.start(), 3)
+                with pytest.raises((KafkaError, TimeoutError)):  # nor here: the send waits for a topic that does not come
+                    await asyncio.wait_for(producer.send_and_wait(names.events("accounts"), b"x"), 5)
+                admin = AIOKafkaAdminClient(**client_options(settings))
+                await admin.start()
+                try:
+                    return set(await admin.list_topics())
+                finally:
+                    await admin.close()
+            finally:
+                await producer.stop()
+                await consumer.stop()
+
+        topics = asyncio.run(read_and_write())
+        assert names.commands not in topics and names.events("accounts") not in topics, topics
+    finally:
+        embedded.stop()
+
 
 def test_broker_restart_keeps_data_and_status_follows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # a cluster id that starts with "-" (1 in 64 random ids) must not read as an option
@@ -189,14 +246,23 @@ def test_a_processor_started_before_its_broker_waits_for_it(tmp_path: Path) -> N
     try:
         wait_until_text(log, f"no Kafka broker answers at {embedded.bootstrap} yet: waiting for one", started)
         assert started.poll() is None
+        # alive meanwhile (a liveness probe leaves it be), and not ready
+        assert httpx.get(f"http://127.0.0.1:{metrics_port}/healthz", timeout=2).status_code == 200
+        assert not _ready(metrics_port)
         embedded.start()
+        wait_until_text(log, f"Kafka at {embedded.bootstrap} answers: starting", started)
+        # and for its topics (started beside `esk topics init`, a Job say), in a line
+        wait_until_text(log, "no topic waits.commands, waits.results, waits.changelog, waits.dlq, waits.accounts.events", started)
         settings = Settings(app="waits", kafka={"bootstrap_servers": embedded.bootstrap}, _env_file=None)
         asyncio.run(ensure_topics(settings, topic_specs(settings, load_registry(settings.domain))))
-        wait_until_text(log, f"Kafka at {embedded.bootstrap} answers: starting", started)
+        wait_until_text(log, "the topics are there: starting", started)
         deadline = time.monotonic() + 60
         while not _ready(metrics_port):  # and handles its partitions
             assert started.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.5)
+        started.send_signal(signal.SIGTERM)
+        assert started.wait(30) == 0
+        assert "the processor stopped (SIGTERM)" in log.read_text()  # a clean stop, in its log
     finally:
         started.send_signal(signal.SIGTERM)
         started.wait(30)
@@ -219,8 +285,8 @@ def _ready(port: int) -> bool:
 
 
 def test_a_processor_stops_on_sigterm_while_its_start_waits(settings: Settings, tmp_path: Path) -> None:
-    """Its consumer's start waits for topics that are not there yet (up to its request
-    timeout, 40 s): a SIGTERM meanwhile stops it at once."""
+    """It waits for topics that are not there yet: a SIGTERM meanwhile stops it at once,
+    cleanly."""
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("ESK_")},
         "ESK_APP": f"no-topics-{uuid.uuid4().hex[:6]}", "ESK_KAFKA__BOOTSTRAP_SERVERS": settings.bootstrap_servers,

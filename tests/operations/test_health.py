@@ -3,8 +3,11 @@ what is served, and /readyz following the readiness it is given)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
+import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -13,7 +16,7 @@ from typer.testing import CliRunner
 
 from esk.broker.ports import free_port
 from esk.cli import cli
-from esk.health import CannotListen, serve_operations
+from esk.health import CannotListen, LoopHeartbeat, serve_operations
 from esk.metrics import Kind, exported
 from esk.processes import hold_lock
 from esk.runtime import API_LOCK
@@ -32,6 +35,37 @@ def test_readyz_follows_readiness_and_metrics_are_served() -> None:
         metrics = client.get("/metrics")
         assert metrics.status_code == 200 and "esk_commands_total" in metrics.text
         assert client.get("/").status_code == 404 and client.get("/metricz").status_code == 404
+
+
+def test_healthz_fails_once_the_event_loop_stalls() -> None:
+    """The endpoints' thread answers whatever the loop does: the loop's heartbeat tells a
+    loop stuck in a blocking call (a liveness probe then restarts the process)."""
+    heartbeat = LoopHeartbeat(stall_s=0.5)
+    port = free_port()
+    serve_operations("127.0.0.1", port, lambda: True, exported(Kind.PROCESSOR), heartbeat.alive)
+    healthz = f"http://127.0.0.1:{port}/healthz"
+    assert httpx.get(healthz, timeout=5).status_code == 200  # before the loop runs: the process waits to start
+
+    async def beating_then_stuck(stuck: threading.Event, freed: threading.Event) -> None:
+        beating = asyncio.create_task(heartbeat.beat())
+        await asyncio.sleep(0.3)
+        assert heartbeat.alive()
+        stuck.set()
+        freed.wait(10)  # a blocking call: the loop runs nothing meanwhile
+        await asyncio.sleep(0.3)
+        beating.cancel()
+
+    stuck, freed = threading.Event(), threading.Event()
+    loop = threading.Thread(target=asyncio.run, args=(beating_then_stuck(stuck, freed),))
+    loop.start()
+    try:
+        assert stuck.wait(10)
+        time.sleep(1.0)
+        stalled = httpx.get(healthz, timeout=5)
+        assert (stalled.status_code, stalled.json()) == (503, {"status": "event loop stalled"})
+    finally:
+        freed.set()
+        loop.join(10)
 
 
 @pytest.mark.parametrize(

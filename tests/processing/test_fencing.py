@@ -17,9 +17,11 @@ from bench import crash
 from bench.cluster import Cluster, api_ready, wait_until
 from esk.kafka.reader import read_committed
 from esk.kafka.topics import TopicNames, ensure_topics, topic_specs
+from esk.processing.record_collector import Output
 from esk.processing.streams_producer import StreamsProducer
 from esk.protocol import CommandEnvelope, aggregate_key
 from esk.registry import load_registry
+from esk.runtime import told_fences_quiet
 from esk.settings import Settings
 from tests.system import command_record, task_builders
 
@@ -50,25 +52,37 @@ async def test_the_old_owner_of_a_partition_cannot_commit_after_the_new_one_star
         assert [(e["aggregate_id"], e["type"], e["version"]) for e in events] == [("z1", "Opened", 1)]
 
 
-async def test_a_fence_met_committing_offsets_is_told_by_the_commit_alone(settings: Settings, caplog: pytest.LogCaptureFixture) -> None:
-    """A reactor's transaction of offsets alone, its producer fenced by a newer owner of its
-    id: the commit raises it, and asyncio does not tell it again, as an ERROR with its
-    traceback, when the old producer's futures are collected (aiokafka sets the fence on a
-    future of its own that nothing awaits once the producer is given up)."""
-    registry = load_registry(settings.domain)
-    await ensure_topics(settings, topic_specs(settings, registry))
-    transactional_id = f"{settings.app}.fence-{uuid.uuid4().hex}"
-    old, new = StreamsProducer(settings, transactional_id, "old"), StreamsProducer(settings, transactional_id, "new")
-    await old.start()
-    await new.start()
-    try:
-        with pytest.raises(ProducerFenced):
-            await old.commit([], {TopicPartition(TopicNames(settings.app).commands, 0): 1}, f"{settings.app}.fence-test")
-    finally:
-        await old.stop()
-        await new.stop()
-    del old
-    gc.collect()
+def test_a_fence_is_told_where_it_is_met_and_not_again_by_asyncio(settings: Settings, caplog: pytest.LogCaptureFixture) -> None:
+    """A transactional producer fenced by a newer owner of its id, as its transaction adds
+    a partition or the group's offsets: the commit raises it (esk tells it there), and the
+    event loop of esk's processes does not log it again, an ERROR with a traceback, when
+    the futures aiokafka left it on are collected."""
+    gc.collect()  # what earlier tests left behind is theirs
+    caplog.clear()
+
+    async def fenced_twice() -> None:
+        asyncio.get_running_loop().set_exception_handler(told_fences_quiet)  # as esk's processes run
+        registry = load_registry(settings.domain)
+        await ensure_topics(settings, topic_specs(settings, registry))
+        names = TopicNames(settings.app)
+        for outputs, offsets in (
+            ([Output(names.commands, b"k", b"v", partition=0)], None),  # fenced adding the partition
+            ([], {TopicPartition(names.commands, 0): 1}),  # fenced adding the offsets
+        ):
+            transactional_id = f"{settings.app}.fence-{uuid.uuid4().hex}"
+            old, new = StreamsProducer(settings, transactional_id, "old"), StreamsProducer(settings, transactional_id, "new")
+            await old.start()
+            await new.start()
+            try:
+                with pytest.raises(ProducerFenced):
+                    await old.commit(outputs, offsets, f"{settings.app}.fence-test")
+            finally:
+                await old.stop()
+                await new.stop()
+            del old
+            gc.collect()  # in this loop: the futures are its own
+
+    asyncio.run(fenced_twice())
     assert "exception was never retrieved" not in caplog.text, caplog.text
 
 

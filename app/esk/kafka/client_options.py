@@ -19,8 +19,30 @@ from aiokafka.errors import (
     UnsupportedSaslMechanismError,
 )
 from aiokafka.helpers import create_ssl_context
+from aiokafka.protocol.metadata import MetadataRequest
 
 from ..settings import Settings
+
+
+def _never_create_topics() -> None:
+    """aiokafka's metadata requests let the broker create each topic they name (Metadata v4
+    and later, `allow_auto_topic_creation`, which no client setting reaches). On a cluster
+    that allows it (`auto.create.topics.enable`, Kafka's default), a processor or subscriber
+    started before `esk topics init` would make the topics it reads with the broker's
+    defaults: a partition count the changelog is not co-partitioned with, events deleted
+    after a week. esk makes its topics itself, so its clients ask for none."""
+    ask = MetadataRequest.__init__
+    if getattr(ask, "esk_never_creates", False):
+        return
+
+    def never_creating(self: MetadataRequest, topics: list[str] | None = None, allow_auto_topic_creation: bool | None = None) -> None:
+        ask(self, topics, False)
+
+    never_creating.esk_never_creates = True  # type: ignore[attr-defined]
+    MetadataRequest.__init__ = never_creating
+
+
+_never_create_topics()
 
 
 def client_options(settings: Settings) -> dict[str, Any]:

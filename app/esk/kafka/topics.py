@@ -69,8 +69,11 @@ def topic_specs(settings: Settings, aggregate_types: Iterable[str]) -> list[Topi
         spec(names.changelog, **{"cleanup.policy": "compact"}),
         spec(names.dlq, **{"cleanup.policy": "delete", "retention.ms": str(t.dlq_retention_ms)}),
         # Events are the source of truth: kept forever.
-        *(spec(names.events(a), **{"cleanup.policy": "delete", "retention.ms": "-1"}) for a in aggregate_types),
+        *(spec(names.events(a), **KEPT_FOREVER) for a in aggregate_types),
     ]
+
+
+KEPT_FOREVER = {"cleanup.policy": "delete", "retention.ms": "-1", "retention.bytes": "-1"}
 
 
 @dataclass
@@ -80,8 +83,11 @@ class TopicReport:
     problems: list[str] = field(default_factory=list)
 
 
-# Checked on existing topics; retention is left to operators once a topic exists.
+# Checked on existing topics. Retention is left to operators once a topic exists, but for
+# the events topics: a topic made before `esk topics init` (by hand, by the broker's own
+# defaults) that deletes events after a time or a size would lose the source of truth.
 _CHECKED_CONFIGS = ("cleanup.policy", "min.insync.replicas")
+_CHECKED_WHEN_KEPT_FOREVER = ("retention.ms", "retention.bytes")
 
 
 async def ensure_topics(settings: Settings, specs: list[TopicSpec]) -> TopicReport:
@@ -107,6 +113,17 @@ async def ensure_topics(settings: Settings, specs: list[TopicSpec]) -> TopicRepo
     finally:
         await admin.close()
     return report
+
+
+async def missing_topics(settings: Settings, names: Iterable[str]) -> list[str]:
+    """Those of `names` the cluster does not have."""
+    admin = AIOKafkaAdminClient(**client_options(settings))
+    await admin.start()
+    try:
+        existing = set(await retry_while_brokers_fail(admin.list_topics))
+    finally:
+        await admin.close()
+    return [name for name in names if name not in existing]
 
 
 async def coordinators_ready(settings: Settings, timeout_s: float = 30.0) -> str | None:
@@ -159,10 +176,12 @@ async def _check(admin: AIOKafkaAdminClient, specs: list[TopicSpec], report: Top
             # One figure, as Kafka sets it per topic; several only when partitions were reassigned apart.
             factor = " or ".join(map(str, sorted(replicas)))
             problems.append(f"has replication factor {factor}, expected {s.replication_factor}")
-        for key in _CHECKED_CONFIGS:
+        kept_forever = all(s.configs.get(key) == value for key, value in KEPT_FOREVER.items())
+        for key in (*_CHECKED_CONFIGS, *(_CHECKED_WHEN_KEPT_FOREVER if kept_forever else ())):
             want, have = s.configs.get(key), actual_configs.get(s.name, {}).get(key)
             if want is not None and have != want:
-                problems.append(f"has {key}={have}, expected {want}")
+                why = " (events are kept forever: Kafka deletes them past any other)" if key in _CHECKED_WHEN_KEPT_FOREVER else ""
+                problems.append(f"has {key}={have}, expected {want}{why}")
         if problems:
             report.problems.append(f"{s.name} " + "; ".join(problems))
         else:

@@ -89,18 +89,9 @@ class StreamsProducer:
 
     async def _abort(self, error: Exception) -> None:
         if isinstance(error, ProducerFenced):
-            _fence_retrieved(self._producer)
             return  # the id belongs to a newer owner now: nothing of ours is left to abort
         try:
             await asyncio.wait_for(self._producer.abort_transaction(), ABORT_TIMEOUT_S)
         except Exception as abort_error:  # the producer may be past aborting (fatal error)
             log.warning("%s: could not abort after %r: %r", self.transactional_id, error, abort_error)
 
-
-def _fence_retrieved(producer: AIOKafkaProducer) -> None:
-    """aiokafka sets a fence on its transaction's waiter too (TransactionManager.fatal_error),
-    which nothing awaits once the producer is given up: asyncio would log the fence again,
-    an ERROR with its traceback, when that future is collected. Its error is read here."""
-    waiter = getattr(getattr(producer, "_txn_manager", None), "_transaction_waiter", None)
-    if isinstance(waiter, asyncio.Future) and waiter.done() and not waiter.cancelled():
-        waiter.exception()

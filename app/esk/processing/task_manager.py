@@ -33,7 +33,16 @@ from aiokafka.structs import ConsumerRecord
 from ..kafka.reader import committed_reader
 from ..kafka.stopping import stop_consumer
 from ..kafka.topics import TopicNames
-from ..metrics import ACTIVE_TASKS, COMMIT_SECONDS, EXPIRED, RESTORE_RATE, RESTORE_RECORDS, RESTORE_REMAINING, TRANSACTION_RECORDS
+from ..metrics import (
+    ACTIVE_TASKS,
+    COMMIT_SECONDS,
+    EXPIRED,
+    RESTORE_RATE,
+    RESTORE_RECORDS,
+    RESTORE_REMAINING,
+    TRANSACTION_RECORDS,
+    forget_partitions,
+)
 from ..protocol import now_ms, position_key
 from ..registry import Registry
 from ..settings import Settings
@@ -292,6 +301,9 @@ class TaskManager:
         self._consumer().pause(TopicPartition(self.topics.commands, partition.number))
         del self.partitions[partition.number]
         await self._close(partition, commit=False)
+        # its lag as it was would stand still until the task runs again (a broker away for
+        # an hour): a dashboard and the lag alert read nothing rather than that
+        forget_partitions([partition.number])
         if isinstance(error, ProducerFenced):
             log.warning("partition %d: fenced by a newer owner; giving it up", partition.number)
             return
