@@ -130,12 +130,12 @@ def require_kafka_access(settings: Settings, needed_by: str | None = None, wait:
                 "(`esk broker start`; `esk dev` starts its own), or set ESK_KAFKA__BOOTSTRAP_SERVERS to yours"
             )
         if not told:
-            err.print(f"no Kafka broker answers at {settings.bootstrap_servers} yet: waiting for one (Ctrl-C stops)", highlight=False)
+            log.warning("no Kafka broker answers at %s yet: waiting for one (Ctrl-C stops)", settings.bootstrap_servers)
             told = True
         with _ended_by_sigterm():
             time.sleep(KAFKA_WAIT_S)
     if told:
-        err.print(f"Kafka at {settings.bootstrap_servers} answers: starting", highlight=False)
+        log.info("Kafka at %s answers: starting", settings.bootstrap_servers)
 
 
 def require_topics(settings: Settings, names: list[str]) -> None:
@@ -146,11 +146,11 @@ def require_topics(settings: Settings, names: list[str]) -> None:
     with _ended_by_sigterm():
         while missing := asyncio.run(missing_topics(settings, names)):
             if time.monotonic() - told >= TOPICS_WAIT_TOLD_EVERY_S:
-                err.print(f"no topic {', '.join(missing)} yet: waiting for `esk topics init` (Ctrl-C stops)", highlight=False, soft_wrap=True)
+                log.warning("no topic %s yet: waiting for `esk topics init` (Ctrl-C stops)", ", ".join(missing))
                 told = time.monotonic()
             time.sleep(KAFKA_WAIT_S)
     if told:
-        err.print("the topics are there: starting", highlight=False)
+        log.info("the topics are there: starting")
 
 
 @contextlib.contextmanager
