@@ -45,7 +45,8 @@ WORKDIR /opt/esk/app
 COPY domain domain
 COPY subscriptions subscriptions
 COPY projections projections
-# the schema lock: a processor refuses to start on code that breaks the events stored under it
+# the schema lock: a processor refuses to start on code that would contradict the events
+# stored under it (a project without one leaves this line out: the check is skipped)
 COPY esk.lock.json ./
 # Logs reach `kubectl logs` / `docker logs` as they are written, not when a buffer fills.
 ENV PYTHONUNBUFFERED=1 \

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
+from aiokafka.errors import KafkaError
 from rich.console import Console
 from rich.markup import escape
 
@@ -117,22 +118,22 @@ def require_kafka_access(settings: Settings, needed_by: str | None = None, wait:
     `wait` (a long-running process, whose clients fail at once at their start), it is
     waited for."""
     told = False
-    while True:
-        try:
-            answered = asyncio.run(check_access(settings))
-        except KafkaAccessError as error:
-            raise fail(str(error)) from None
-        if answered or not (needed_by or wait):
-            break
-        if needed_by:
-            raise fail(
-                f"no Kafka broker answered at {settings.bootstrap_servers}, which {needed_by} needs: start one "
-                "(`esk broker start`; `esk dev` starts its own), or set ESK_KAFKA__BOOTSTRAP_SERVERS to yours"
-            )
-        if not told:
-            log.warning("no Kafka broker answers at %s yet: waiting for one (Ctrl-C stops)", settings.bootstrap_servers)
-            told = True
-        with _ended_by_sigterm():
+    with _ended_by_sigterm() if wait else contextlib.nullcontext():
+        while True:
+            try:
+                answered = asyncio.run(check_access(settings))
+            except KafkaAccessError as error:
+                raise fail(str(error)) from None
+            if answered or not (needed_by or wait):
+                break
+            if needed_by:
+                raise fail(
+                    f"no Kafka broker answered at {settings.bootstrap_servers}, which {needed_by} needs: start one "
+                    "(`esk broker start`; `esk dev` starts its own), or set ESK_KAFKA__BOOTSTRAP_SERVERS to yours"
+                )
+            if not told:
+                log.warning("no Kafka broker answers at %s yet: waiting for one (Ctrl-C stops)", settings.bootstrap_servers)
+                told = True
             time.sleep(KAFKA_WAIT_S)
     if told:
         log.info("Kafka at %s answers: starting", settings.bootstrap_servers)
@@ -142,14 +143,21 @@ def require_topics(settings: Settings, names: list[str]) -> None:
     """A long-running process started beside `esk topics init` (a Job, a script) waits for
     the topics it reads and writes, as it waits for a broker: its clients would log an
     ERROR ten times a second for 30 s, then fail with a traceback."""
-    told = 0.0
+    told: float | None = None
     with _ended_by_sigterm():
-        while missing := asyncio.run(missing_topics(settings, names)):
-            if time.monotonic() - told >= TOPICS_WAIT_TOLD_EVERY_S:
+        while True:
+            try:
+                missing = asyncio.run(missing_topics(settings, names))
+            except (KafkaError, OSError) as error:  # the broker gone again meanwhile: asked again
+                log.debug("the topics could not be listed: %r", error)
+                missing = None
+            if missing == []:
+                break
+            if missing and (told is None or time.monotonic() - told >= TOPICS_WAIT_TOLD_EVERY_S):
                 log.warning("no topic %s yet: waiting for `esk topics init` (Ctrl-C stops)", ", ".join(missing))
                 told = time.monotonic()
             time.sleep(KAFKA_WAIT_S)
-    if told:
+    if told is not None:
         log.info("the topics are there: starting")
 
 
@@ -235,7 +243,7 @@ def processor() -> None:
 
     settings = load_settings()
     registry = domain_registry(settings)  # fails in one line here; the runtime loads it again (cached)
-    _refuse_stored_events_broken(registry)
+    _refuse_stored_events_contradicted(registry)
 
     def wait() -> None:
         require_kafka_access(settings, wait=True)
@@ -570,23 +578,24 @@ def _warn_of_stored_events_broken(registry: Registry) -> None:
         err.print(f"[yellow]warning:[/yellow] {LOCK_FILE}: the events stored under it would no longer all be read (`esk schema check`)", highlight=False)
 
 
-def _refuse_stored_events_broken(registry: Registry) -> None:
-    """The processor's start, when the project's lock file says the code breaks the events
-    stored under it: it would write the new shape under the old schema version, beside
-    stored events of that version that its upcasters then can never all read. Under esk dev,
-    which warns instead, it starts."""
+def _refuse_stored_events_contradicted(registry: Registry) -> None:
+    """The processor's start, when the project's lock file says the code would write events
+    of a shape that contradicts those stored under the same schema version: the two could
+    never be told apart again. (What else breaks the stored events, a missing or failing
+    upcaster, is `esk schema check`'s to catch, and the aggregates it hits are told
+    unusable one by one.) Under esk dev, which warns instead, it starts."""
     from .runtime import DEV_CHILD_VARIABLE
 
     if DEV_CHILD_VARIABLE in os.environ:
         return
-    broken = _stored_events_broken_here(registry) or []
-    for finding in broken:
+    contradicting = [finding for finding in _stored_events_broken_here(registry) or [] if finding.contradicts_stored]
+    for finding in contradicting:
         err.print(f"  {escape(str(finding))}", highlight=False, soft_wrap=True)
-    if broken:
+    if contradicting:
         raise fail(
-            f"{LOCK_FILE}: this code breaks the events stored under it (above), and would write events under schema versions "
-            "that stored ones of the same version contradict: mend the code (`esk schema check`), or, if no such event was "
-            "ever stored, lock it (`esk schema lock --force`)"
+            f"{LOCK_FILE}: this code would write events under schema versions that stored ones of the same version "
+            "contradict (above): give the changed events a new schema version and an upcaster, or, if no such event was "
+            "ever stored, lock the code as it is (`esk schema lock --force`)"
         )
 
 
@@ -773,6 +782,7 @@ def subscriptions_status(
     """Each subscription's lag per input partition, and whether it has caught up; exit 1 if one has not."""
     from rich.table import Table
 
+    from .kafka.metadata import TopicMissing
     from .subscriptions.stores import DatabaseUnreachable
 
     settings = load_settings()
@@ -781,7 +791,7 @@ def subscriptions_status(
     for each in names:
         try:
             status = asyncio.run(subscription_operations(settings, each).status())
-        except (DatabaseUnreachable, LookupError) as error:  # the others' status still tells
+        except (DatabaseUnreachable, TopicMissing) as error:  # the others' status still tells
             err.print(f"[red]error:[/red] {each}: {escape(str(error))}", highlight=False, soft_wrap=True)
             behind.append(each)
             continue
@@ -882,6 +892,7 @@ def subscriptions_reset(
 def _operate(name: str, operation: Callable[[Any], Coroutine[Any, Any, T]]) -> T:
     """`operation` on the subscription's SubscriptionOperations; what refuses it, or a
     database that does not answer, in a line."""
+    from .kafka.metadata import TopicMissing
     from .subscriptions.operations import RefusedError
     from .subscriptions.stores import DatabaseUnreachable
 
@@ -889,7 +900,7 @@ def _operate(name: str, operation: Callable[[Any], Coroutine[Any, Any, T]]) -> T
         return asyncio.run(operation(subscription_operations(load_settings(), name)))
     except RefusedError as error:
         raise fail(str(error)) from None
-    except (DatabaseUnreachable, LookupError) as error:  # LookupError: a topic not made yet
+    except (DatabaseUnreachable, TopicMissing) as error:
         raise fail(f"{name}: {error}") from None
 
 

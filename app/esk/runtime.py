@@ -148,15 +148,14 @@ def run_subscriber(settings: Settings, name: str, wait: Callable[[], None] = lam
     tracing.setup(settings, f"subscriber-{name}")
     registry = load_registry(settings.domain)
     heartbeat = LoopHeartbeat()
-    waited = threading.Event()
+    runner = SubscriptionRunner(settings, configured_subscriptions(settings)[name], registry)
     if settings.subscriber.metrics_port is not None:
-        # A subscriber takes no requests: ready as soon as it runs (its lag is in /metrics).
+        # A subscriber takes no requests: ready once it runs, its stores open (its lag is in
+        # /metrics); not while it waits for a broker, its topics or its database.
         serve_operations(
-            settings.subscriber.metrics_host, settings.subscriber.metrics_port, waited.is_set, exported(Kind.SUBSCRIBER), heartbeat.alive
+            settings.subscriber.metrics_host, settings.subscriber.metrics_port, lambda: runner.ready, exported(Kind.SUBSCRIBER), heartbeat.alive
         )
     wait()
-    waited.set()
-    runner = SubscriptionRunner(settings, configured_subscriptions(settings)[name], registry)
     _freeze_startup_objects()
     asyncio.run(_until_signalled(runner.run, heartbeat, f"the subscriber of {name}"))
 

@@ -131,7 +131,8 @@ async def test_a_wrong_partition_count_or_policy_is_reported(settings: Settings)
         await admin.close()
     report = await ensure_topics(settings, specs)
     assert report.problems == [
-        f"{events} has retention.ms=604800000, expected -1 (events are kept forever: Kafka deletes them past any other)"
+        f"{events} has retention.ms=604800000, expected -1 (events are kept forever, and Kafka deletes them past any other: "
+        f"`kafka-configs.sh --alter --entity-type topics --entity-name {events} --add-config retention.ms=-1`)"
     ]
 
 

@@ -22,6 +22,7 @@ import esk
 from domain.accounts import Deposited, accounts
 from esk.broker.ports import free_port
 from esk.projections import runner
+from esk.projections.catalog import Tables
 from esk.projections.runner import STALL_CHECK_S, ReadModelInvalid, RunFailed, _check_plan, _check_reads, _kafka_cause
 from esk.settings import Settings
 from projections.read_models import READ_MODELS
@@ -111,6 +112,24 @@ def test_a_read_model_of_a_type_the_domain_does_not_register_is_refused() -> Non
     with pytest.raises(ReadModelInvalid, match=r"^it reads accounts, which ESK_DOMAIN=tests.counters:AGGREGATES does not register: "
                        r"register it there, or take it out of the ReadModel's reads$"):
         _check_reads(settings, reads_accounts)
+
+
+def test_a_read_model_left_out_lets_go_of_its_generation(spark: SparkSession, tmp_path: Path) -> None:
+    """`--leave-out-invalid` (esk dev's driver): a run refused at its start lets go of the
+    generation it was given, so that a run of the fixed code beside the driver is not
+    refused as busy for as long as the driver lives."""
+    settings = Settings(_env_file=None).model_copy(
+        update={
+            "domain": "tests.counters:AGGREGATES",
+            "projections": Settings(_env_file=None).projections.model_copy(update={"warehouse_dir": tmp_path / "warehouse"}),
+        }
+    )
+    reads_accounts = esk.Projection(esk.ReadModel("balances", (accounts,), "balances"), COLUMNS, lambda events, writer: 0)
+    with pytest.raises(RunFailed, match=r"^balances: it reads accounts, which ESK_DOMAIN=tests.counters:AGGREGATES does not register"):
+        runner.run_several(settings, [reads_accounts], leave_out_invalid=True)
+    lock = Tables(settings.projections.warehouse_dir).run_lock("balances", 1)
+    lock.acquire()  # GenerationBusy while the driver would hold it
+    lock.release()
 
 
 def test_what_the_check_cannot_plan_is_left_to_the_batches_and_spark_errors_stay_spark_errors(spark: SparkSession, tmp_path: Path) -> None:

@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 from pathlib import Path
 
+import psycopg
 import pytest
 from typer.testing import CliRunner
 
 from domain.orders import Placed, orders
 from esk import DatabaseContext, DatabaseHandler, PostgreSQL
+from esk.broker.ports import free_port
 from esk.cli import cli
 from esk.kafka.topics import ensure_topics, topic_specs
 from esk.registry import load_registry
@@ -46,13 +47,16 @@ SUBSCRIPTIONS = [_placed_log("postgresql://nobody@127.0.0.1:9/none"), customer_l
 
 
 async def test_a_subscriber_waits_for_its_database_at_its_start(
-    settings: Settings, postgres: PostgresServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    settings: Settings, tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A server that is not there yet (down, or its pod not scheduled): waited for, then its
+    events are taken. A server that answers and refuses the DSN (a role, a password, a
+    database that is not there) is a mistake no wait mends: the subscriber fails with it."""
     caplog.set_level(logging.INFO, logger="esk.subscriptions.runner")
-    # a database the test makes only later: until then the server refuses the connection
-    # (psycopg's OperationalError, as for a server down)
-    name = f"t_{uuid.uuid4().hex}"
-    handler = _placed_log(postgres.dsn_for(name))
+    port = free_port()
+    server = PostgresServer()
+    monkeypatch.setattr("tests.postgres.free_port", lambda: port)  # where the subscriber looks
+    handler = _placed_log(f"postgresql://{server.user}@127.0.0.1:{port}/postgres")
     settings = subscriber_settings(settings, tmp_path / "subscriptions")
     try:
         async with system(settings) as running:
@@ -60,16 +64,21 @@ async def test_a_subscriber_waits_for_its_database_at_its_start(
             assert r.status_code == 200, r.text
             async with subscriber(settings, handler, running.registry) as member:
                 await wait_for(lambda: "does not answer, waiting for it" in caplog.text, what="the subscriber to wait")
-                assert not member.task.done()  # it waits; it did not fail
                 await asyncio.sleep(1)
-                assert "does not answer" in caplog.text and caplog.text.count("does not answer, waiting for it") == 1  # told once
-                await asyncio.to_thread(postgres.create_database, name)
+                assert not member.task.done() and not member.runner.ready  # it waits; it did not fail
+                assert caplog.text.count("does not answer, waiting for it") == 1  # told once
+                await asyncio.to_thread(server.start)
                 await member.caught_up()
-            with postgres.connect(name) as db:
+            with server.connect("postgres") as db:
                 assert db.execute("SELECT order_id FROM placed").fetchall() == [("o1",)]
-        assert "placed_log: its database answers, after " in caplog.text
+            assert "placed_log: its database answers, after " in caplog.text
+
+            refused = _placed_log(f"postgresql://nobody@127.0.0.1:{port}/postgres")  # no such role
+            async with subscriber(settings, refused, running.registry) as member:
+                with pytest.raises(psycopg.OperationalError, match='role "nobody" does not exist'):
+                    await asyncio.wait_for(member.task, 30)
     finally:
-        await asyncio.to_thread(postgres.drop_database, name)
+        await asyncio.to_thread(server.stop)
 
 
 def test_the_operators_commands_say_in_a_line_that_its_database_does_not_answer(

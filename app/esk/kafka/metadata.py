@@ -12,8 +12,12 @@ from .admin import retry_while_brokers_fail
 from .client_options import client_options
 
 
+class TopicMissing(LookupError):
+    """A topic esk reads is not there: `esk topics init` has not run (or ran for other settings)."""
+
+
 async def topic_partitions(settings: Settings, topic: str, timeout_s: float = 10.0) -> list[int]:
-    """The partitions of `topic`; raises LookupError if it does not exist (after waiting a
+    """The partitions of `topic`; raises TopicMissing if it does not exist (after waiting a
     little: a topic just created shows up in every broker's metadata a moment later)."""
     admin = AIOKafkaAdminClient(**client_options(settings))
     await admin.start()
@@ -24,7 +28,7 @@ async def topic_partitions(settings: Settings, topic: str, timeout_s: float = 10
             if described["error_code"] == 0 and described["partitions"]:
                 return sorted(p["partition"] for p in described["partitions"])
             if asyncio.get_running_loop().time() > deadline:
-                raise LookupError(f"topic {topic} not found: run `esk topics init`")
+                raise TopicMissing(f"topic {topic} not found: run `esk topics init`")
             await asyncio.sleep(0.05)
     finally:
         await admin.close()

@@ -180,7 +180,11 @@ async def _check(admin: AIOKafkaAdminClient, specs: list[TopicSpec], report: Top
         for key in (*_CHECKED_CONFIGS, *(_CHECKED_WHEN_KEPT_FOREVER if kept_forever else ())):
             want, have = s.configs.get(key), actual_configs.get(s.name, {}).get(key)
             if want is not None and have != want:
-                why = " (events are kept forever: Kafka deletes them past any other)" if key in _CHECKED_WHEN_KEPT_FOREVER else ""
+                why = (
+                    f" (events are kept forever, and Kafka deletes them past any other: `kafka-configs.sh --alter --entity-type "
+                    f"topics --entity-name {s.name} --add-config {key}={want}`)"
+                    if key in _CHECKED_WHEN_KEPT_FOREVER else ""
+                )
                 problems.append(f"has {key}={have}, expected {want}{why}")
         if problems:
             report.problems.append(f"{s.name} " + "; ".join(problems))

@@ -18,6 +18,7 @@ with it: it read the failed one's writes). A fenced one is given up: a newer own
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import math
@@ -35,13 +36,13 @@ from ..kafka.stopping import stop_consumer
 from ..kafka.topics import TopicNames
 from ..metrics import (
     ACTIVE_TASKS,
+    COMMANDS_LAG,
     COMMIT_SECONDS,
     EXPIRED,
     RESTORE_RATE,
     RESTORE_RECORDS,
     RESTORE_REMAINING,
     TRANSACTION_RECORDS,
-    forget_partitions,
 )
 from ..protocol import now_ms, position_key
 from ..registry import Registry
@@ -302,8 +303,10 @@ class TaskManager:
         del self.partitions[partition.number]
         await self._close(partition, commit=False)
         # its lag as it was would stand still until the task runs again (a broker away for
-        # an hour): a dashboard and the lag alert read nothing rather than that
-        forget_partitions([partition.number])
+        # an hour): a dashboard and the lag alert read nothing rather than that (its other
+        # gauges, its unusable aggregates say, hold for the task that starts again)
+        with contextlib.suppress(KeyError):
+            COMMANDS_LAG.remove(str(partition.number))
         if isinstance(error, ProducerFenced):
             log.warning("partition %d: fenced by a newer owner; giving it up", partition.number)
             return

@@ -590,11 +590,13 @@ def run_several(
 
         def one(projection: Projection) -> None:
             name = projection.model.name
+            taken = held.pop(name, None)  # `run` lets go of it now
             try:
-                taken = held.pop(name, None)  # `run` lets go of it now
                 summaries[name] = run(settings, projection, continuous, rebuild, spark.newSession(), stop, catch_up_turn, taken)
             except BaseException as error:  # the thread's end: whatever it was, the run failed
                 if leave_out_invalid and isinstance(error, ReadModelInvalid):
+                    if taken is not None:  # refused before `run` took it over; the driver goes on
+                        taken.lock.release()
                     log.error(f"{name}: {error}; left out of this run, the other read models going on")
                     left_out.append(RunFailed(name, error))
                     return

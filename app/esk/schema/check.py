@@ -57,6 +57,10 @@ class Finding:
     name: str  # the command's or the event type's name; the aggregate type's for the others
     path: str  # the field, dotted (`lines[].qty`); "" for the whole
     message: str  # a sentence that names all of the above
+    # The processor would write events of a shape that contradicts those stored under the
+    # same schema version (changed without a new version, or a version gone back): beyond
+    # any upcaster's mending, as both shapes would be read alike.
+    contradicts_stored: bool = False
 
     def __str__(self) -> str:
         return self.message
@@ -167,12 +171,15 @@ def _event_changes(aggregate: AggregateType[Any], name: str, locked: LockedEvent
         yield Finding(
             Severity.BREAKING, aggregate.name, "event", name, "",
             f"{subject}: schema_version went back from {version} to {now.schema_version}: v{version} events may be stored already",
+            contradicts_stored=True,
         )
         return
     if now.schema_version == version and not same_shape(locked.schema, now.schema):
         advice = f"but schema_version is still {version}: bump it to {version + 1} and add an upcaster from v{version}"
         for change in differences(locked.schema, now.schema) or [Change("", "changed", locked.schema, now.schema)]:
-            yield Finding(Severity.BREAKING, aggregate.name, "event", name, change.path, f"{subject}: {change.describe()}, {advice}")
+            yield Finding(
+                Severity.BREAKING, aggregate.name, "event", name, change.path, f"{subject}: {change.describe()}, {advice}", contradicts_stored=True
+            )
     # Every locked version before the current one, the last locked one included: payloads of
     # each may be on the topic. The older ones passed before; they are checked again so that
     # a later edit to an upcaster cannot break them unnoticed.

@@ -154,6 +154,10 @@ async def _roll_back_if_begun(connection: psycopg.AsyncConnection[Row]) -> None:
         await connection.execute("ROLLBACK")
 
 
+# What PostgreSQL answers FATAL while it cannot take a connection for a while.
+_PASSING_REFUSALS = ("too many clients", "starting up", "shutting down", "recovery mode", "not yet accepting connections")
+
+
 class PostgresDatabase(Database):
     def __init__(self, dsn: str, idle_in_transaction_timeout_s: float = 10.0) -> None:
         self.dsn = dsn
@@ -172,8 +176,14 @@ class PostgresDatabase(Database):
         import psycopg
 
         # psycopg's kind for a server that went away or never answered, as against a
-        # statement's mistake (ProgrammingError) or a constraint (IntegrityError)
-        return isinstance(error, psycopg.OperationalError)
+        # statement's mistake (ProgrammingError) or a constraint (IntegrityError); but a
+        # server that answered FATAL refused the DSN itself (its password, its role, its
+        # database), which no wait mends, unless it is full, starting or stopping. (psycopg
+        # gives no SQLSTATE for a failed connection: its text tells.)
+        if not isinstance(error, psycopg.OperationalError):
+            return False
+        text = str(error)
+        return "FATAL:" not in text or any(passing in text for passing in _PASSING_REFUSALS)
 
     async def open(self) -> None:
         if self._connection is None:

@@ -125,7 +125,8 @@ class _Failing:
 
     def __init__(self) -> None:
         self.tries = 0
-        self.first = self.told = 0.0
+        self.first = 0.0
+        self.told: float | None = None
         self.reason = ""
 
     def tell(self, error: BaseException, what: str) -> None:
@@ -134,7 +135,7 @@ class _Failing:
         self.tries += 1
         if self.tries == 1:
             self.first = now
-        if reason != self.reason or now - self.told >= STILL_FAILING_EVERY_S:
+        if reason != self.reason or self.told is None or now - self.told >= STILL_FAILING_EVERY_S:
             again = f" (failing so for {now - self.first:.0f}s, {self.tries} tries)" if reason == self.reason else ""
             log.warning("%s%s%s", what, reason, again)
             self.reason, self.told = reason, now
@@ -163,6 +164,12 @@ class SubscriptionRunner:
         self.group_id = group_id(settings, subscription)
         self.partitions: dict[TopicPartition, InputPartition] = {}
         self._consumer: AIOKafkaConsumer | None = None
+        self.opened = False  # its stores: a database handler's database answered
+
+    @property
+    def ready(self) -> bool:
+        """Running: its stores open (its lag, once it has partitions, is in /metrics)."""
+        return self.opened and self._consumer is not None
 
     @property
     def consumer(self) -> AIOKafkaConsumer:
@@ -194,7 +201,10 @@ class SubscriptionRunner:
     async def run(self, stop: asyncio.Event) -> None:
         self._consumer = consumer = self._make_consumer()
         if not await self._open_stores(consumer, stop):
+            await stop_consumer(consumer)  # made, never started: closed all the same
+            self._consumer = None
             return
+        self.opened = True
         consumer.subscribe(self.router.topics, listener=_Listener(self))
         # Beside the loop, not in it: the count waits for the store, which a long unit of a
         # partition holds (a database handler's transaction), and the loop must go on
@@ -227,6 +237,7 @@ class SubscriptionRunner:
             await self._revoke(set(self.partitions))
             await stop_consumer(consumer)
             self._consumer = None
+            self.opened = False
             await self.stores.close()
 
     async def _open_stores(self, consumer: AIOKafkaConsumer, stop: asyncio.Event) -> bool:
