@@ -96,6 +96,7 @@ from esk.projections.reader import ReadModelRows  # noqa: E402
 from esk.projections.runner import run  # noqa: E402
 from esk.settings import Settings  # noqa: E402
 from tests.counters import Added, counters  # noqa: E402
+from tests.projections.settings import counters_settings  # noqa: E402
 from tests.system import esk_env, events_topic, system  # noqa: E402
 
 UNLUCKY = 13
@@ -127,6 +128,10 @@ READ_MODELS = [
 [LUCKY] = READ_MODELS
 
 
+def _counters_settings(settings: Settings, tmp_path: Path, **projections: object) -> Settings:
+    return counters_settings(settings, tmp_path, f"{__name__}:READ_MODELS", **projections)
+
+
 @pytest.mark.spark
 def test_held_back_are_a_parked_aggregates_events_from_its_parked_one_on_and_nothing_else(spark: SparkSession) -> None:
     events = spark.createDataFrame(
@@ -149,15 +154,7 @@ async def test_an_event_that_fails_the_read_model_parks_its_aggregate_and_the_ot
     settings: Settings, spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, on_driver: bool,
     runner_said: Callable[[], str],
 ) -> None:
-    settings = settings.model_copy(
-        update={
-            "domain": "tests.counters:AGGREGATES",
-            "read_models": f"{__name__}:READ_MODELS",
-            "projections": settings.projections.model_copy(
-                update={"warehouse_dir": tmp_path / "warehouse", "driver_write_max_events": 20_000 if on_driver else 0}
-            ),
-        }
-    )
+    settings = _counters_settings(settings, tmp_path, driver_write_max_events=20_000 if on_driver else 0)
     rows = ReadModelRows(settings)
     tables = Tables(settings.projections.warehouse_dir)
     async with system(settings) as s:
@@ -244,13 +241,7 @@ async def test_a_read_model_that_fails_on_every_event_parks_nothing_and_fails(
         return writer.merge(rows, esk.Merge(on="t.counter_id = s.counter_id"))
 
     broken = esk.Projection(LUCKY.model, LUCKY.columns, failing_on_every_row)
-    settings = settings.model_copy(
-        update={
-            "domain": "tests.counters:AGGREGATES",
-            "read_models": f"{__name__}:READ_MODELS",
-            "projections": settings.projections.model_copy(update={"warehouse_dir": tmp_path / "warehouse"}),
-        }
-    )
+    settings = _counters_settings(settings, tmp_path)
     async with system(settings) as s:
         for counter in [f"c{n}" for n in range(PARKED_PER_BATCH_MAX + 2)]:
             assert (await s.client.post(f"/v1/counters/{counter}/start", json={})).status_code == 200
@@ -275,13 +266,7 @@ async def test_a_batch_whose_earlier_step_was_written_parks_nothing(settings: Se
         writer.merge(counted, esk.Merge(on="t.counter_id = s.counter_id", update={"version": "s.version"}), step="versions")
         return _lucky_totals(events, writer)
 
-    settings = settings.model_copy(
-        update={
-            "domain": "tests.counters:AGGREGATES",
-            "read_models": f"{__name__}:READ_MODELS",
-            "projections": settings.projections.model_copy(update={"warehouse_dir": tmp_path / "warehouse"}),
-        }
-    )
+    settings = _counters_settings(settings, tmp_path)
     async with system(settings) as s:
         for command, body in (("start", {}), ("add", {"n": UNLUCKY})):
             assert (await s.client.post(f"/v1/counters/c1/{command}", json=body)).status_code == 200
@@ -296,13 +281,7 @@ async def test_an_operator_reads_a_batchs_failure_once_not_each_probe_of_it(sett
     """`esk project run` as its own process, as an operator runs it: Spark tells the batch's
     failed task once, with its stack trace, and esk what it parked; the probes that find the
     event (a failed job each) add nothing to the log."""
-    settings = settings.model_copy(
-        update={
-            "domain": "tests.counters:AGGREGATES",
-            "read_models": f"{__name__}:READ_MODELS",
-            "projections": settings.projections.model_copy(update={"warehouse_dir": tmp_path / "warehouse"}),
-        }
-    )
+    settings = _counters_settings(settings, tmp_path)
     async with system(settings) as s:
         for counter, command, body in (("c1", "start", {}), ("c2", "start", {}), ("c1", "add", {"n": 2}), ("c2", "add", {"n": UNLUCKY})):
             assert (await s.client.post(f"/v1/counters/{counter}/{command}", json=body)).status_code == 200
@@ -326,13 +305,7 @@ async def test_old_events_are_read_as_the_processor_reads_them_and_one_whose_upc
     event class's, validated (a "9" its upcaster leaves is the 9 the processor reads), and
     an event the upcaster fails on parks its aggregate, as an event the read model's own
     code fails on does."""
-    settings = settings.model_copy(
-        update={
-            "domain": "tests.counters:AGGREGATES",
-            "read_models": f"{__name__}:READ_MODELS",
-            "projections": settings.projections.model_copy(update={"warehouse_dir": tmp_path / "warehouse"}),
-        }
-    )
+    settings = _counters_settings(settings, tmp_path)
     async with system(settings) as s:
         for command, body in (("start", {}), ("add", {"n": 2})):
             assert (await s.client.post(f"/v1/counters/c1/{command}", json=body)).status_code == 200

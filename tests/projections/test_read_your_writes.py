@@ -23,6 +23,7 @@ from esk.projections.runner import run  # noqa: E402
 from esk.settings import Settings  # noqa: E402
 from projections.read_models import READ_MODELS  # noqa: E402
 from tests.counters import Added, counters  # noqa: E402
+from tests.projections.settings import counters_settings  # noqa: E402
 from tests.system import system, wait_for  # noqa: E402
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
@@ -146,14 +147,8 @@ USER_READ_MODELS = [
 
 def users_settings(settings: Settings, tmp_path: Path, **projections: object) -> Settings:
     """`settings` for the counters and USER_READ_MODELS, their warehouse in `tmp_path`."""
-    return settings.model_copy(
-        update={
-            "domain": "tests.counters:AGGREGATES",
-            "read_models": f"{__name__}:USER_READ_MODELS",
-            "projections": settings.projections.model_copy(update={"warehouse_dir": tmp_path / "warehouse", **projections}),
-            "api": settings.api.model_copy(update={"read_wait_max_s": 120}),  # a Spark run on a busy machine
-        }
-    )
+    users = counters_settings(settings, tmp_path, f"{__name__}:USER_READ_MODELS", **projections)
+    return users.model_copy(update={"api": settings.api.model_copy(update={"read_wait_max_s": 120})})  # a Spark run on a busy machine
 
 
 async def test_a_users_own_read_model_runs_continuously_and_shows_a_commands_row(
