@@ -142,14 +142,21 @@ def test_a_reads_after_and_wait() -> None:
     assert ReadAfter.of([], None, 30).wait_s == 0
     assert ReadAfter.of([token], None, 30) == ReadAfter([Position(TOPIC, 0, 5)], 5.0)
     assert ReadAfter.of([token], 60_000, 30).wait_s == 30
-    for tokens, wait_ms, code in (([token], -1, "invalid_wait"), (["nonsense"], None, "invalid_position")):
+    for tokens, wait_ms, code in (
+        ([token], -1, "invalid_wait"),
+        (["nonsense"], None, "invalid_position"),
+        ([f"{TOPIC}/0/{2**80}"], None, "invalid_position"),  # no Kafka offset is that far
+        ([f"{TOPIC}/{2**31}/1"], None, "invalid_position"),
+    ):
         with pytest.raises(Problem) as refused:
             ReadAfter.of(tokens, wait_ms, 30)
         assert refused.value.status == 400 and refused.value.code == code
-    ReadAfter.of([token], None, 30).check_topics("it", {TOPIC})
-    with pytest.raises(Problem) as foreign:
-        ReadAfter.of([token, "other/0/1"], None, 30).check_topics("it", {TOPIC})
-    assert foreign.value.code == "invalid_position" and "other/0/1" in foreign.value.detail
+    ReadAfter.of([token], None, 30).check_topics("it", {TOPIC}, 3)
+    # never reached, so never waited for: a topic it does not read, a partition its topics lack
+    for tokens, named in (([token, "other/0/1"], "other/0/1"), ([f"{TOPIC}/3/1"], f"{TOPIC}/3/1")):
+        with pytest.raises(Problem) as never:
+            ReadAfter.of(tokens, None, 30).check_topics("it", {TOPIC}, 3)
+        assert never.value.code == "invalid_position" and named in never.value.detail
 
 
 async def test_a_waiting_read_answers_when_told_of_a_move_and_gives_up_at_its_bound() -> None:

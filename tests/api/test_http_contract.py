@@ -8,6 +8,7 @@ import uuid
 import httpx
 import pytest
 
+from esk.kafka.partitioner import partition_for
 from esk.kafka.reader import read_committed
 from esk.kafka.topics import TopicNames
 from esk.protocol import payload_digest
@@ -200,19 +201,26 @@ async def test_a_retried_idempotency_key_returns_the_original_and_emits_nothing_
         assert [e["type"] for k, e, _ in events if k == other.encode()] == ["Opened"]
 
 
+@pytest.mark.parametrize("on", ["the same aggregate", "another of its partition"])
 async def test_a_key_reused_for_another_command_while_the_first_is_in_flight_is_refused_once_the_first_is_decided(
-    settings: Settings,
+    settings: Settings, on: str
 ) -> None:
     registry = load_registry(settings.domain)
     patient = settings.model_copy(update={"api": settings.api.model_copy(update={"outcome_timeout_s": 60})})
     async with system(patient, processors=0) as s:
         c, account = s.client, new_id()
+        # the processor keeps a command id's outcome per partition: a reused key on any
+        # aggregate whose commands land there is dropped as the first command's duplicate
+        partition = partition_for(account.encode(), settings.topics.partitions)
+        second = account if on == "the same aggregate" else next(
+            other for other in (f"{account}-{n}" for n in range(1000)) if partition_for(other.encode(), settings.topics.partitions) == partition
+        )
         key = {"Idempotency-Key": f"in-flight-{account}"}
         # both stored before any processor runs, the open first: the deposit under its key
         # comes while the open is in flight
         opening = asyncio.create_task(c.post(f"/v1/accounts/{account}/open", json={"owner": "ada"}, headers=key))
         await wait_for(lambda: commands_stored(settings, 1), 30, "the open command is stored")
-        depositing = asyncio.create_task(c.post(f"/v1/accounts/{account}/deposit", json={"amount": 5}, headers=key))
+        depositing = asyncio.create_task(c.post(f"/v1/accounts/{second}/deposit", json={"amount": 5}, headers=key))
         await wait_for(lambda: commands_stored(settings, 2), 30, "the deposit is stored")
         async with processor(settings, registry):
             opened, reused = await asyncio.wait_for(asyncio.gather(opening, depositing), 30)

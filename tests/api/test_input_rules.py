@@ -31,6 +31,12 @@ async def test_ids_keys_and_numbers_are_taken_as_the_document_states_them(settin
         for key in (b"", "clé".encode("latin-1"), b"."):
             r = await c.post(deposit, json={"amount": 1}, headers={"Idempotency-Key": key})
             assert r.status_code == 400 and r.json()["code"] == "invalid_idempotency_key", (key, r.text)
+        # so are the ids copied onto each event: an id's size at most
+        for header in ("X-Correlation-Id", "X-Causation-Id"):
+            r = await c.post(deposit, json={"amount": 1}, headers={header: "x" * 60_000})
+            assert r.status_code == 400 and r.json()["code"] == "invalid_trace_id", (header, r.text)
+        r = await c.post(deposit, json={"amount": 1}, headers={"X-Correlation-Id": "req-1", "Prefer": "RESPOND-ASYNC"})
+        assert r.status_code == 202, r.text  # a preference's name is case-insensitive
 
         # A key may hold what a path must escape: the Location escapes it, and serves the outcome.
         key = f"deposit 1/{account}?"
@@ -43,10 +49,19 @@ async def test_ids_keys_and_numbers_are_taken_as_the_document_states_them(settin
             await asyncio.sleep(0.05)
         assert outcome.status_code == 200 and outcome.json()["command_id"] == key
 
-        # "." and ".." are dot segments, which clients remove from a URL: no id can be one.
-        for path in ("/v1/accounts/%2E%2E", "/v1/accounts/%2E/events", "/v1/accounts/%2E/deposit"):
+        # "." and ".." are dot segments, which clients remove from a URL: no id can be one; nor
+        # bytes that are not UTF-8, which arrive as U+FFFD, so that %FF and %FE would be one
+        # aggregate.
+        for path in (
+            "/v1/accounts/%2E%2E", "/v1/accounts/%2E/events", "/v1/accounts/%2E/deposit",
+            "/v1/accounts/%FF", "/v1/accounts/%FE/deposit", "/v1/accounts/x%EF%BF%BD",
+        ):
             r = await (c.post(path, json={"amount": 1}) if path.endswith("deposit") else c.get(path))
             assert r.status_code == 400 and r.json()["code"] == "invalid_aggregate_id", (path, r.text)
+        # nor "/", escaped or not: no aggregate has such an id (not a 405 of another route)
+        for path in ("/v1/accounts/a%2Fb", "/v1/accounts/a%2fb/events", "/v1/accounts/a%2Fb/deposit"):
+            r = await (c.post(path, json={"amount": 1}) if path.endswith("deposit") else c.get(path))
+            assert r.status_code == 404 and "no aggregate has an id with '/' in it" in r.json()["detail"], (path, r.text)
 
         r = await c.get("/v1/projections/account_balances", params={"limit": 0})
         assert r.status_code == 400 and r.json()["code"] == "invalid_limit"

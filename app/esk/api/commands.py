@@ -80,11 +80,12 @@ class IdRule:
 
 
 # An aggregate id travels as one path segment: any characters but controls and "/" (which
-# would split it), percent-encoded by the client.
+# would split it), percent-encoded by the client. Nor U+FFFD: bytes that are not UTF-8
+# arrive decoded as it, so that ids that differ would name one aggregate.
 AGGREGATE_ID = IdRule(
     "aggregate_id",
-    rf"^[^\x00-\x1f\x7f-\x9f/]{{1,{MAX_ID}}}$",
-    f"1 to {MAX_ID} characters, none of them a control character or '/', and not '.' or '..'",
+    rf"^[^\x00-\x1f\x7f-\x9f/\ufffd]{{1,{MAX_ID}}}$",
+    f"1 to {MAX_ID} UTF-8 characters, none of them a control character, '/' or U+FFFD, and not '.' or '..'",
     "acc-42",
 )
 # A command id travels in the Idempotency-Key header, where HTTP allows visible ASCII and
@@ -95,6 +96,14 @@ COMMAND_ID = IdRule(
     rf"^[\x21-\x7e](?:[\x20-\x7e]{{0,{MAX_ID - 2}}}[\x21-\x7e])?$",
     f"1 to {MAX_ID} visible ASCII characters or inner spaces, and not '.' or '..'",
     "deposit-7f3a9c",
+)
+# X-Correlation-Id and X-Causation-Id are copied onto each of the command's events: held
+# to an id's size, as the Idempotency-Key is.
+TRACE_ID = IdRule(
+    "trace_id",
+    rf"^[\x21-\x7e](?:[\x20-\x7e]{{0,{MAX_ID - 2}}}[\x21-\x7e])?$",
+    f"1 to {MAX_ID} visible ASCII characters or inner spaces",
+    "req-5f1c2e",
 )
 
 
@@ -194,6 +203,7 @@ class CommandIntake:
         key = headers.get("idempotency-key")
         command_id = uuid.uuid4().hex if key is None else key
         COMMAND_ID.check(command_id)
+        correlation_id, causation_id = _trace_id(headers, "x-correlation-id"), _trace_id(headers, "x-causation-id")
         location = command_location(command_id)
 
         # A retry whose outcome is known already is answered without touching Kafka.
@@ -212,8 +222,8 @@ class CommandIntake:
             payload=payload,
             expected_version=expected_version,
             expect_new=expect_new,
-            correlation_id=headers.get("x-correlation-id") or command_id,
-            causation_id=headers.get("x-causation-id"),
+            correlation_id=correlation_id or command_id,
+            causation_id=causation_id,
         )
         try:
             await self.gateway.submit(envelope)
@@ -229,29 +239,35 @@ class CommandIntake:
                 "the command was not acknowledged (it may or may not be stored); retry with the same Idempotency-Key",
                 {"Retry-After": str(api.retry_after_s), "Location": location},
             ) from None
-        if "respond-async" in headers.get("prefer", ""):
+        if "respond-async" in headers.get("prefer", "").lower():  # preference names are case-insensitive (RFC 7240)
             return json_response(
                 {"command_id": command_id, "status": "pending"},
                 202,
                 {"Location": location, "Preference-Applied": "respond-async"},
             )
         self.pending.add(command_id)
+        ours = self.gateway.partition_of(envelope.key)
+
+        def decides(found: Outcome) -> bool:
+            """Whether `found`, under this command's id, is its outcome or tells its fate.
+            Under a key reused while the first command was in flight, that one's outcome
+            may come first: on an aggregate of the same partition (the same aggregate, or
+            another whose id lands there) this one is then dropped as its duplicate, and is
+            refused here; on another partition it is processed there, and its own outcome
+            is waited for."""
+            if (found.aggregate_type, found.aggregate_id) == (aggregate_type.name, aggregate_id):
+                return True
+            return ours is not None and self.gateway.partition_of(found.aggregate_id.encode()) == ours
+
         try:
-            # This command's own outcome. Under a key reused while the first command was in
-            # flight, that one's outcome may come first: on the same aggregate (so the same
-            # partition) this one is then dropped as its duplicate, and refused here; on
-            # another, it is processed there, and its own outcome is waited for.
-            outcome = await self.replica.wait_outcome(
-                command_id,
-                lambda found: (found.aggregate_type, found.aggregate_id) == (aggregate_type.name, aggregate_id),
-                api.outcome_timeout_s,
-            )
+            outcome = await self.replica.wait_outcome(command_id, decides, api.outcome_timeout_s)
         finally:
             self.pending.discard(command_id)
         if outcome is None:
             HTTP_OUTCOME_TIMEOUTS.inc()
             raise Problem(
-                503, "outcome_pending", "the command is accepted and will be processed; its outcome is not in yet",
+                503, "outcome_pending",
+                "the command is stored and its outcome is not in yet: retry with the same Idempotency-Key for it",
                 {"Retry-After": str(api.retry_after_s), "Location": location},
                 command_id=command_id,
             )
@@ -288,6 +304,13 @@ class CommandRoutes:
         self.endpoints = {(e.aggregate_type.name, e.name): e for e in endpoints}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and _escaped_slash_in_id(scope):
+            # decoded, "a%2Fb" would be two segments and so another route (405, or a bare 404):
+            # no aggregate has such an id, and the answer says why
+            await Problem(404, "not_found", f"no aggregate has an id with '/' in it (an id is {AGGREGATE_ID.what})").response()(
+                scope, receive, send
+            )
+            return
         if scope["type"] == "http" and scope["method"] == "POST":
             parts = scope["path"].split("/")
             if len(parts) == 5 and parts[0] == "" and parts[1] == "v1" and parts[3]:
@@ -297,6 +320,22 @@ class CommandRoutes:
                     await endpoint(scope, receive, send, parts[3])
                     return
         await self.app(scope, receive, send)
+
+
+def _trace_id(headers: Mapping[str, str], name: str) -> str | None:
+    """The header's value, checked (400 `invalid_trace_id`); None when it is not there."""
+    value = headers.get(name)
+    if value is not None:
+        TRACE_ID.check(value)
+    return value
+
+
+def _escaped_slash_in_id(scope: Scope) -> bool:
+    """Whether the request's path holds an aggregate id with "/" escaped in it
+    (`/v1/{type}/{id}...`; a command id, `/v1/commands/{id}`, may hold one)."""
+    raw = scope.get("raw_path") or scope["path"].encode()
+    parts = raw.split(b"?", 1)[0].split(b"/")
+    return len(parts) >= 4 and parts[1] == b"v1" and parts[2] not in (b"commands", b"projections") and b"%2f" in parts[3].lower()
 
 
 def request_headers(scope: Scope) -> dict[str, str]:

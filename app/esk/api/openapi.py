@@ -24,7 +24,15 @@ from ..projections.catalog import Projection, configured_read_models
 from ..protocol import MAX_VERSION, STATE_UNUSABLE, Status
 from ..registry import Registry
 from ..settings import Settings
-from .commands import AGGREGATE_ID, COMMAND_ID, IDEMPOTENCY_KEY_REUSED, POSITION_HEADER, VERSION_TAG_PATTERN, command_url
+from .commands import (
+    AGGREGATE_ID,
+    COMMAND_ID,
+    IDEMPOTENCY_KEY_REUSED,
+    POSITION_HEADER,
+    TRACE_ID,
+    VERSION_TAG_PATTERN,
+    command_url,
+)
 from .problems import FIELD_ERROR_SCHEMA, PROBLEM_JSON, PROBLEM_SCHEMA
 
 log = logging.getLogger(__name__)
@@ -135,9 +143,9 @@ _COMMAND_HEADERS = [
         "The command id: a retry with the same key gets the first outcome. Default: a new id.",
     ),
     _parameter("Prefer", "header", _string(), "`respond-async`: answer 202 once the command is stored, without waiting."),
-    _parameter("X-Correlation-Id", "header", _string(), "Copied onto the events (default: the command id)."),
+    _parameter("X-Correlation-Id", "header", TRACE_ID.schema(), "Copied onto the events (default: the command id)."),
     _parameter(
-        "X-Causation-Id", "header", _string(),
+        "X-Causation-Id", "header", TRACE_ID.schema(),
         "What caused the command (e.g. an event's id), kept with it; its events' causation is the command.",
     ),
 ]
@@ -317,7 +325,7 @@ def _command_operation(aggregate_type: AggregateType[Any], name: str, model: typ
             ) | {"links": {"outcome": outcome}},
             "400": _problem(
                 "An invalid id, header or JSON body",
-                "invalid_aggregate_id", "invalid_idempotency_key", "malformed_json", "invalid_if_match", "invalid_if_none_match",
+                "invalid_aggregate_id", "invalid_idempotency_key", "malformed_json", "invalid_if_match", "invalid_if_none_match", "invalid_trace_id",
             ),
             "404": _problem("The aggregate does not exist (and the command does not create one)", "not_found"),
             "409": _problem("The aggregate exists already (a creating command)", "already_exists", headers=optional_etag),
@@ -375,7 +383,7 @@ def _aggregate_operation(registry: Registry) -> Schema:
     }
 
 
-def _history_operation(registry: Registry, topics: TopicNames, page_max: int) -> Schema:
+def _history_operation(registry: Registry, topics: TopicNames, page_max: int, partitions: int) -> Schema:
     reads = [topics.events(name) for name in sorted(registry)]
     return {
         "tags": ["state"],
@@ -390,7 +398,7 @@ def _history_operation(registry: Registry, topics: TopicNames, page_max: int) ->
                 "limit", "query", _count(1) | {"maximum": page_max},
                 f"Events the page holds at most (default and at most {page_max}, ESK_API__HISTORY_PAGE_MAX)",
             ),
-            *_read_after_parameters(reads, "the events"),
+            *_read_after_parameters(reads, "the events", partitions),
         ],
         "responses": {
             "200": _answer(
@@ -509,20 +517,22 @@ def _row_value(type_name: str) -> Schema:
     return value
 
 
-def _read_after_parameters(reads: Iterable[str], what: str) -> list[Schema]:
-    """`after` and `wait_ms` of a read of what follows the events topics `reads`; a position
-    on another topic is refused, so the document says which."""
+def _read_after_parameters(reads: Iterable[str], what: str, partitions: int) -> list[Schema]:
+    """`after` and `wait_ms` of a read of what follows the events topics `reads` (of
+    `partitions` each); a position on another topic or partition is refused, so the document
+    says which. (An offset of 19 digits is one too, up to 2^63 - 1: no topic holds that many.)"""
     pattern = "|".join(re.escape(topic) for topic in reads)
+    numbers = "|".join(map(str, range(partitions)))
     return [
         _parameter(
-            "after", "query", {"type": "array", "items": {"type": "string", "pattern": rf"^({pattern})/\d+/\d+$"}},
+            "after", "query", {"type": "array", "items": {"type": "string", "pattern": rf"^({pattern})/({numbers})/\d{{1,18}}$"}},
             f"Positions (a command answer's `position.token`) {what} must reflect; the read waits for them",
         ),
         _parameter("wait_ms", "query", _count(), "How long to wait for `after` (default 5000, at most the API's bound)"),
     ]
 
 
-def _projection_operation(projection: Projection, row_limit: int, topics: TopicNames) -> Schema:
+def _projection_operation(projection: Projection, row_limit: int, topics: TopicNames, partitions: int) -> Schema:
     model = projection.model
     columns = _columns(projection.columns)
     filters = [
@@ -545,7 +555,7 @@ def _projection_operation(projection: Projection, row_limit: int, topics: TopicN
         "operationId": f"read_model_{model.name}",
         "parameters": [
             _parameter("limit", "query", _example(_count(1), 100), f"At most this many rows (never more than {row_limit})"),
-            *_read_after_parameters((topics.events(category) for category in model.categories), "the rows"),
+            *_read_after_parameters((topics.events(category) for category in model.categories), "the rows", partitions),
             *filters,
         ],
         "responses": {
@@ -596,11 +606,11 @@ def document(app: FastAPI, settings: Settings, registry: Registry) -> None:
             for command, model in aggregate_type.commands.items():
                 paths[command_url(aggregate_type, command)] = {"post": _command_operation(aggregate_type, command, model)}
         paths["/v1/commands/{command_id}"] = {"get": _outcome_operation()}
-        row_limit = settings.projections.api_row_limit
+        row_limit, topics, partitions = settings.projections.api_row_limit, TopicNames(settings.app), settings.topics.partitions
         for projection in _read_models(settings):
-            paths[f"/v1/projections/{projection.model.name}"] = {"get": _projection_operation(projection, row_limit, TopicNames(settings.app))}
+            paths[f"/v1/projections/{projection.model.name}"] = {"get": _projection_operation(projection, row_limit, topics, partitions)}
         paths["/v1/{type_name}/{id}"] = {"get": _aggregate_operation(registry)}
-        paths["/v1/{type_name}/{id}/events"] = {"get": _history_operation(registry, TopicNames(settings.app), settings.api.history_page_max)}
+        paths["/v1/{type_name}/{id}/events"] = {"get": _history_operation(registry, topics, settings.api.history_page_max, partitions)}
         paths |= _operations_paths()
         components = schema.setdefault("components", {})
         components["schemas"] = _int64(components.get("schemas", {}) | _components() | _domain_components(registry))

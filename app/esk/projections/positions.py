@@ -22,6 +22,9 @@ TopicPartitionKey = tuple[str, int]
 Positions = dict[TopicPartitionKey, int]  # (topic, partition) -> offset
 
 
+_INT32_MAX, _INT64_MAX = 2**31 - 1, 2**63 - 1
+
+
 @dataclass(frozen=True)
 class Position:
     topic: str
@@ -38,6 +41,8 @@ class Position:
         topic, _, partition = topic.rpartition("/")
         if not topic or not partition.isdigit() or not rest.isdigit():
             raise ValueError(f"{token!r} is not a position (<topic>/<partition>/<offset>)")
+        if int(partition) > _INT32_MAX or int(rest) > _INT64_MAX:  # beyond what Kafka numbers them with
+            raise ValueError(f"{token!r} is no Kafka position: a partition fits 32 bits and an offset 64")
         return cls(topic, int(partition), int(rest))
 
     def as_json(self) -> dict[str, str | int]:
