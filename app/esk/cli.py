@@ -263,16 +263,18 @@ def api(
     port: Annotated[int | None, typer.Option(help="Listen port (ESK_API__PORT).")] = None,
 ) -> None:
     """Run the HTTP API (production entry point)."""
+    from .health import CannotListen
     from .processes import HeldElsewhere
     from .runtime import run_api
 
     settings = load_settings(api__host=host, api__port=port)
     domain_registry(settings)  # fails in one line here; the runtime loads it again (cached)
-    require_kafka_access(settings, wait=True)
     try:
-        run_api(settings)
+        run_api(settings, lambda: require_kafka_access(settings, wait=True))
     except HeldElsewhere as error:
         raise fail(f"another API{error.holder} runs over {settings.api.state_dir}: give each its own ESK_API__STATE_DIR") from None
+    except CannotListen as error:
+        raise fail(f"{error}: give each API on this host its own ESK_API__PORT (or --port)") from None
 
 
 @cli.command("subscriber")
@@ -502,7 +504,7 @@ def dev_read_models(settings: Settings) -> list[str]:
         return []
     if importlib.util.find_spec("pyspark") is None:
         if _module_there(settings.read_models.partition(":")[0]):
-            console.print("read models are not kept up: they need the spark extra (pip install 'esk[spark]')", highlight=False)
+            console.print("read models are not kept up: they need the spark extra (pip install 'esk[spark]')", highlight=False, markup=False)
         return []
     return list(read_models(settings))
 

@@ -8,6 +8,7 @@ would answer for a loop stuck in a blocking call too, which the heartbeat tells.
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -54,6 +55,21 @@ class LoopHeartbeat:
 
     def alive(self) -> bool:
         return self.last is None or time.monotonic() - self.last < self.stall_s
+
+
+def bound_socket(host: str, port: int, what: str) -> socket.socket:
+    """A TCP socket bound to `host:port` for a server to listen on (uvicorn's, given it);
+    CannotListen, naming `what`, when the address is taken or not this host's, rather than
+    the server's own exit with a line of its log."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    bound = socket.socket(family, socket.SOCK_STREAM)
+    bound.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn sets it: a restart takes the port at once
+    try:
+        bound.bind((host, port))
+    except OSError as error:
+        bound.close()
+        raise CannotListen(f"cannot serve {what} on {host}:{port}: {error.strerror or error}") from None
+    return bound
 
 
 def serve_operations(

@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn
 
 from . import tracing
-from .health import LoopHeartbeat, serve_operations
+from .health import LoopHeartbeat, bound_socket, serve_operations
 from .metrics import Kind, exported
 from .processes import hold_lock, kill_tree, set_from_signal_handler
 from .processing.processor import Processor
@@ -118,7 +118,9 @@ def _freeze_startup_objects() -> None:
     gc.freeze()
 
 
-def run_api(settings: Settings) -> None:
+def run_api(settings: Settings, wait: Callable[[], None] = lambda: None) -> None:
+    """The API, once `wait` (for a broker) has returned; its state directory held and its
+    port bound first, so that either taken is told at once (HeldElsewhere, CannotListen)."""
     # Imported here: FastAPI and uvicorn are a third of a second of a processor's start
     # (W3's time to ready) that it has no use for.
     import uvicorn
@@ -128,13 +130,15 @@ def run_api(settings: Settings) -> None:
     # Its stores (the changelog replica, the history index) are RocksDB's, one process's at a
     # time: a second API over them is refused here, in a line, not in the app's startup.
     held = hold_lock(Path(settings.api.state_dir) / API_LOCK)  # raises HeldElsewhere
-    return_large_blocks()
-    tracing.setup(settings, "api")
-    registry = load_registry(settings.domain)
-    app = create_app(settings, registry)
-    _freeze_startup_objects()
     try:
-        uvicorn.run(app, **server_options(settings))
+        listening = bound_socket(settings.api.host, settings.api.port, "the API")
+        wait()
+        return_large_blocks()
+        tracing.setup(settings, "api")
+        registry = load_registry(settings.domain)
+        app = create_app(settings, registry)
+        _freeze_startup_objects()
+        uvicorn.Server(uvicorn.Config(app, **server_options(settings))).run(sockets=[listening])
     finally:
         if held is not None:
             held.close()

@@ -142,3 +142,25 @@ def test_a_second_api_over_one_state_directory_is_refused_in_a_line(settings: Se
     assert result.output.strip().splitlines() == [
         f"error: another API (pid {os.getpid()}) runs over {tmp_path / 'api'}: give each its own ESK_API__STATE_DIR"
     ]
+
+
+def test_an_api_on_a_taken_port_says_which_setting_to_change(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Told before it waits for a broker (none answers here), in a line, not by uvicorn's
+    log and exit code 3."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for name, value in {
+            "ESK_KAFKA__BOOTSTRAP_SERVERS": "127.0.0.1:9",
+            "ESK_API__STATE_DIR": str(tmp_path / "api"),
+            "ESK_API__PORT": str(port),
+            "COLUMNS": "250",
+        }.items():
+            monkeypatch.setenv(name, value)
+        result = CliRunner().invoke(cli, ["api"])
+    assert result.exit_code == 1, result.output
+    assert result.output.strip().splitlines() == [
+        f"error: cannot serve the API on 127.0.0.1:{port}: Address already in use: give each API on this host its own "
+        "ESK_API__PORT (or --port)"
+    ]

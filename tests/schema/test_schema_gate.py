@@ -63,14 +63,15 @@ def wallets(
     upcasters: Mapping[tuple[str, int], Upcaster] | None = None,
 ) -> Registry:
     """A registry of one aggregate type, `wallets`, as locked unless told otherwise."""
+    commands = {"open": Open, "deposit": Deposit} if commands is None else commands
     aggregate: AggregateType[Any] = AggregateType(
         name="wallets",
         state=state,
-        commands={"open": Open, "deposit": Deposit} if commands is None else commands,
+        commands=commands,
         events=list(events),
         decide=lambda _state, _command: [],
         evolve=lambda state, _event: state,
-        creates=frozenset(),
+        creates=frozenset(list(commands.values())[:1]),  # the first makes one (what the lock holds does not depend on it)
         upcasters=upcasters or {},
     )
     return {"wallets": aggregate}

@@ -93,6 +93,7 @@ class AggregateType(Generic[S]):
     def __post_init__(self) -> None:
         if not self.name.replace("_", "").replace("-", "").isalnum():
             raise ValueError(f"aggregate type name {self.name!r} must be alphanumeric (with - or _)")
+        self._check_kinds()
         unknown = self.creates - set(self.commands.values())
         if unknown:
             raise ValueError(f"creating commands not among the commands: {unknown}")
@@ -104,6 +105,28 @@ class AggregateType(Generic[S]):
             self._check_upcaster(type_name, version)
         schema = orjson.dumps(self.state.model_json_schema(), option=orjson.OPT_SORT_KEYS)
         object.__setattr__(self, "_state_shape", hashlib.sha256(schema).hexdigest()[:16])
+
+    def _check_kinds(self) -> None:
+        """What each argument is, told by the argument's name (a list for `commands`, a
+        command among `events`, ... fail later in ways that name none of them)."""
+        name = self.name
+        if not (isinstance(self.state, type) and issubclass(self.state, BaseModel)):
+            raise TypeError(f"{name}: state= is the state's model, a pydantic BaseModel class, not {self.state!r}")
+        if not isinstance(self.commands, Mapping) or not all(
+            isinstance(c, type) and issubclass(c, Command) for c in self.commands.values()
+        ):
+            raise TypeError(f"{name}: commands= maps each command's name in the URL to its Command class: {{'open': Open, ...}}")
+        if not self.creates or not all(isinstance(c, type) and issubclass(c, Command) for c in self.creates):
+            raise TypeError(f"{name}: creates= is a frozenset of the Command classes that make an aggregate (none: every command is 404)")
+        strays = [e for e in self.events if not (isinstance(e, type) and issubclass(e, Event))]
+        if strays:
+            raise TypeError(f"{name}: events= holds what is not an Event class: {', '.join(map(repr, strays))}")
+        names = [e.type_name() for e in self.events]
+        if len(set(names)) < len(names):
+            raise ValueError(f"{name}: events= names an event type twice: {sorted({n for n in names if names.count(n) > 1})}")
+        for function in ("decide", "evolve"):
+            if not callable(getattr(self, function)):
+                raise TypeError(f"{name}: {function}= is a function, not {getattr(self, function)!r}")
 
     def _check_upcaster(self, type_name: str, version: int) -> None:
         """An upcaster no stored event could ever reach is a mistake (a key one version too
@@ -134,18 +157,33 @@ class AggregateType(Generic[S]):
             return Rejection(NOT_FOUND, f"{which} does not exist")
         if state is not None and creating:
             return Rejection(ALREADY_EXISTS, f"{which} already exists")
-        decision = self.decide(state, command)
-        if isinstance(decision, Rejection):
-            return decision
-        events = list(decision)
-        for event in events:
+        decided: object = self.decide(state, command)  # the user's code: whatever it returned
+        if isinstance(decided, Rejection):
+            return decided
+        if not isinstance(decided, list | tuple):
+            raise TypeError(
+                f"{self.name}.decide returned {type(decided).__name__} for {type(command).__name__}: "
+                "it returns a list of events, or a Rejection"
+            )
+        events: list[Event] = []
+        for event in decided:
+            if not isinstance(event, Event):
+                raise TypeError(f"{self.name}.decide returned a list holding {type(event).__name__}: a list of events, or a Rejection")
             if type(event) not in self._event_types:
                 raise TypeError(f"{self.name}.decide returned an unregistered event {type(event).__name__}")
+            events.append(event)
         return events
 
     def fold(self, events: Iterable[Event], state: S | None = None) -> S | None:
         for event in events:
             state = self.evolve(state, event)
+            # Not caught here, a forgotten `return` would store the events with no state, so
+            # that the next command wrote the same version again.
+            if not isinstance(state, self.state):
+                raise TypeError(
+                    f"{self.name}.evolve returned {type(state).__name__} for {type(event).__name__}: "
+                    f"it returns the state, a {self.state.__name__}"
+                )
         return state
 
     # -- events ----------------------------------------------------------------
