@@ -8,6 +8,7 @@ import gc
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -130,6 +131,7 @@ def run_api(settings: Settings, wait: Callable[[], None] = lambda: None) -> None
     # Its stores (the changelog replica, the history index) are RocksDB's, one process's at a
     # time: a second API over them is refused here, in a line, not in the app's startup.
     held = hold_lock(Path(settings.api.state_dir) / API_LOCK)  # raises HeldElsewhere
+    listening: socket.socket | None = None
     try:
         listening = bound_socket(settings.api.host, settings.api.port, "the API")
         wait()
@@ -138,8 +140,13 @@ def run_api(settings: Settings, wait: Callable[[], None] = lambda: None) -> None
         registry = load_registry(settings.domain)
         app = create_app(settings, registry)
         _freeze_startup_objects()
-        uvicorn.Server(uvicorn.Config(app, **server_options(settings))).run(sockets=[listening])
+        server = uvicorn.Server(uvicorn.Config(app, **server_options(settings)))
+        server.run(sockets=[listening])
+        if not server.started:  # its startup failed (uvicorn.run exits 3 then): a supervisor must see a failure
+            raise SystemExit(3)
     finally:
+        if listening is not None:
+            listening.close()
         if held is not None:
             held.close()
 

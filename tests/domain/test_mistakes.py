@@ -4,7 +4,7 @@ rather than store events without their state or stop (pure: no Kafka)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import pytest
 from pydantic import BaseModel
@@ -12,6 +12,8 @@ from pydantic import BaseModel
 from esk import AggregateType, Command, Event
 from esk.processing.command_handler import handle_command
 from esk.protocol import CommandEnvelope
+
+T = TypeVar("T")
 
 
 class Add(Command):
@@ -97,7 +99,7 @@ def _stored(books: AggregateType[Book]) -> Any:
         ({"events": [Added, Lend]}, "books: events= holds what is not an Event class: <class '"),
         ({"events": [Added, Lent, Added]}, r"books: events= names an event type twice: \['Added'\]"),
         ({"state": dict}, "books: state= is the state's model, a pydantic BaseModel class, not <class 'dict'>"),
-        ({"creates": frozenset()}, "books: creates= is a frozenset of the Command classes that make an aggregate"),
+        ({"creates": frozenset({Added})}, "books: creates= is a frozenset of the Command classes that make an aggregate"),
         ({"decide": "decide"}, "books: decide= is a function, not 'decide'"),
     ],
 )
@@ -108,3 +110,28 @@ def test_an_aggregate_type_made_wrongly_is_told_by_the_argument_at_fault(mistake
     }
     with pytest.raises((TypeError, ValueError), match=f"^{told}"):
         AggregateType(**(arguments | mistake))
+
+
+def test_what_decide_and_evolve_may_return_besides_lists_and_the_state_class_itself() -> None:
+    """A decide that yields its events, or returns a tuple; an evolve of a generic state
+    model that returns the generic class's instance; a retired type that no command makes."""
+
+    def yielding(state: Book | None, command: Command) -> Any:
+        yield Added(title="t")
+
+    assert _books(decide=yielding).handle(None, Add(title="t")) == [Added(title="t")]
+    assert _books(decide=lambda state, command: (Added(title="t"),)).handle(None, Add(title="t")) == [Added(title="t")]
+
+    class Shelf(BaseModel, Generic[T]):
+        item: T
+
+    shelves = AggregateType(
+        name="shelves", state=Shelf[str], commands={"add": Add}, creates=frozenset({Add}), events=[Added],
+        decide=lambda state, command: [Added(title=command.title)], evolve=lambda state, event: Shelf(item=event.title),
+    )
+    assert shelves.fold([Added(title="t")]) == Shelf(item="t")
+    retired = AggregateType(
+        name="retired", state=Book, commands={"add": Add}, creates=frozenset(), events=[Added],
+        decide=lambda state, command: [], evolve=lambda state, event: Book(title=event.title),
+    )
+    assert retired.fold([Added(title="kept readable")]) == Book(title="kept readable")

@@ -28,6 +28,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..domain.aggregate import ALREADY_EXISTS, NOT_FOUND, AggregateType
+from ..kafka.partitioner import partition_for
 from ..metrics import HTTP_OUTCOME_TIMEOUTS
 from ..projections.positions import Position
 from ..protocol import STATE_UNUSABLE, CommandEnvelope, Outcome, Status, payload_digest
@@ -246,7 +247,8 @@ class CommandIntake:
                 {"Location": location, "Preference-Applied": "respond-async"},
             )
         self.pending.add(command_id)
-        ours = self.gateway.partition_of(envelope.key)
+        partitions = self.gateway.commands_partitions()
+        ours = None if partitions is None else partition_for(envelope.key, partitions)
 
         def decides(found: Outcome) -> bool:
             """Whether `found`, under this command's id, is its outcome or tells its fate.
@@ -257,7 +259,7 @@ class CommandIntake:
             is waited for."""
             if (found.aggregate_type, found.aggregate_id) == (aggregate_type.name, aggregate_id):
                 return True
-            return ours is not None and self.gateway.partition_of(found.aggregate_id.encode()) == ours
+            return partitions is not None and partition_for(found.aggregate_id.encode(), partitions) == ours
 
         try:
             outcome = await self.replica.wait_outcome(command_id, decides, api.outcome_timeout_s)
@@ -333,7 +335,9 @@ def _trace_id(headers: Mapping[str, str], name: str) -> str | None:
 def _escaped_slash_in_id(scope: Scope) -> bool:
     """Whether the request's path holds an aggregate id with "/" escaped in it
     (`/v1/{type}/{id}...`; a command id, `/v1/commands/{id}`, may hold one)."""
-    raw = scope.get("raw_path") or scope["path"].encode()
+    raw = scope.get("raw_path")
+    if not raw:  # a server that gives none: the decoded path cannot tell "/" from "%2F"
+        return False
     parts = raw.split(b"?", 1)[0].split(b"/")
     return len(parts) >= 4 and parts[1] == b"v1" and parts[2] not in (b"commands", b"projections") and b"%2f" in parts[3].lower()
 

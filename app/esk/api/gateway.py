@@ -24,7 +24,6 @@ from opentelemetry.trace import SpanKind
 
 from .. import tracing
 from ..kafka.client_options import check_access, client_options
-from ..kafka.partitioner import partition_for
 from ..kafka.topics import TopicNames
 from ..metrics import API_KAFKA_AWAY
 from ..protocol import CommandEnvelope
@@ -108,12 +107,12 @@ class CommandGateway:
             self._producer = producer
             return producer
 
-    def partition_of(self, key: bytes) -> int | None:
-        """The commands partition a record of `key` lands on; None while the producer does
-        not know the topic's partitions yet."""
+    def commands_partitions(self) -> int | None:
+        """How many partitions the commands topic has, as the producer knows it (it puts
+        each command on one by its key); None while it does not know yet."""
         producer = self._producer
         partitions = producer.client.cluster.partitions_for_topic(self.topic) if producer is not None else None
-        return partition_for(key, len(partitions)) if partitions else None
+        return len(partitions) if partitions else None
 
     @property
     def away_since(self) -> float | None:

@@ -166,7 +166,7 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
         filters = {k: v for k, v in request.query_params.items() if k not in READ_PARAMETERS}
         row_limit = min(limit or settings.projections.api_row_limit, settings.projections.api_row_limit)
         read = await _guarded(name, lambda: read_models.model(name))
-        after.check_topics(name, {names.events(category) for category in read.categories}, settings.topics.partitions)
+        after.check_topics(name, {names.events(category) for category in read.categories})
 
         not_built: list[Problem] = []  # as last seen
 
@@ -205,7 +205,7 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
         if history is None:
             raise Problem(404, "history_disabled", "this API instance keeps no history index (ESK_API__HISTORY=false)")
         after = ReadAfter.of(request.query_params.getlist("after"), wait_ms, settings.api.read_wait_max_s)
-        after.check_topics("the history index", history.topics, settings.topics.partitions)
+        after.check_topics("the history index", history.topics)
         after = await after.until(history.ready)  # a read that may wait waits for the index's catch-up too
         if not history.ready.is_set():
             raise Problem(

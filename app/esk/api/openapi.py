@@ -383,7 +383,7 @@ def _aggregate_operation(registry: Registry) -> Schema:
     }
 
 
-def _history_operation(registry: Registry, topics: TopicNames, page_max: int, partitions: int) -> Schema:
+def _history_operation(registry: Registry, topics: TopicNames, page_max: int) -> Schema:
     reads = [topics.events(name) for name in sorted(registry)]
     return {
         "tags": ["state"],
@@ -398,7 +398,7 @@ def _history_operation(registry: Registry, topics: TopicNames, page_max: int, pa
                 "limit", "query", _count(1) | {"maximum": page_max},
                 f"Events the page holds at most (default and at most {page_max}, ESK_API__HISTORY_PAGE_MAX)",
             ),
-            *_read_after_parameters(reads, "the events", partitions),
+            *_read_after_parameters(reads, "the events"),
         ],
         "responses": {
             "200": _answer(
@@ -517,22 +517,22 @@ def _row_value(type_name: str) -> Schema:
     return value
 
 
-def _read_after_parameters(reads: Iterable[str], what: str, partitions: int) -> list[Schema]:
-    """`after` and `wait_ms` of a read of what follows the events topics `reads` (of
-    `partitions` each); a position on another topic or partition is refused, so the document
-    says which. (An offset of 19 digits is one too, up to 2^63 - 1: no topic holds that many.)"""
+def _read_after_parameters(reads: Iterable[str], what: str) -> list[Schema]:
+    """`after` and `wait_ms` of a read of what follows the events topics `reads`; a position
+    on another topic is refused, so the document says which, and numbers past Kafka's (a
+    partition past 32 bits, an offset past 64) are too. (The pattern stops short of those
+    bounds, as a regular expression can: 9 and 18 digits; no topic comes near either.)"""
     pattern = "|".join(re.escape(topic) for topic in reads)
-    numbers = "|".join(map(str, range(partitions)))
     return [
         _parameter(
-            "after", "query", {"type": "array", "items": {"type": "string", "pattern": rf"^({pattern})/({numbers})/\d{{1,18}}$"}},
+            "after", "query", {"type": "array", "items": {"type": "string", "pattern": rf"^({pattern})/\d{{1,9}}/\d{{1,18}}$"}},
             f"Positions (a command answer's `position.token`) {what} must reflect; the read waits for them",
         ),
         _parameter("wait_ms", "query", _count(), "How long to wait for `after` (default 5000, at most the API's bound)"),
     ]
 
 
-def _projection_operation(projection: Projection, row_limit: int, topics: TopicNames, partitions: int) -> Schema:
+def _projection_operation(projection: Projection, row_limit: int, topics: TopicNames) -> Schema:
     model = projection.model
     columns = _columns(projection.columns)
     filters = [
@@ -555,7 +555,7 @@ def _projection_operation(projection: Projection, row_limit: int, topics: TopicN
         "operationId": f"read_model_{model.name}",
         "parameters": [
             _parameter("limit", "query", _example(_count(1), 100), f"At most this many rows (never more than {row_limit})"),
-            *_read_after_parameters((topics.events(category) for category in model.categories), "the rows", partitions),
+            *_read_after_parameters((topics.events(category) for category in model.categories), "the rows"),
             *filters,
         ],
         "responses": {
@@ -606,11 +606,11 @@ def document(app: FastAPI, settings: Settings, registry: Registry) -> None:
             for command, model in aggregate_type.commands.items():
                 paths[command_url(aggregate_type, command)] = {"post": _command_operation(aggregate_type, command, model)}
         paths["/v1/commands/{command_id}"] = {"get": _outcome_operation()}
-        row_limit, topics, partitions = settings.projections.api_row_limit, TopicNames(settings.app), settings.topics.partitions
+        row_limit, topics = settings.projections.api_row_limit, TopicNames(settings.app)
         for projection in _read_models(settings):
-            paths[f"/v1/projections/{projection.model.name}"] = {"get": _projection_operation(projection, row_limit, topics, partitions)}
+            paths[f"/v1/projections/{projection.model.name}"] = {"get": _projection_operation(projection, row_limit, topics)}
         paths["/v1/{type_name}/{id}"] = {"get": _aggregate_operation(registry)}
-        paths["/v1/{type_name}/{id}/events"] = {"get": _history_operation(registry, topics, settings.api.history_page_max, partitions)}
+        paths["/v1/{type_name}/{id}/events"] = {"get": _history_operation(registry, topics, settings.api.history_page_max)}
         paths |= _operations_paths()
         components = schema.setdefault("components", {})
         components["schemas"] = _int64(components.get("schemas", {}) | _components() | _domain_components(registry))

@@ -44,15 +44,12 @@ class ReadAfter:
                 await asyncio.wait_for(ready.wait(), self.wait_s)
         return replace(self, wait_s=max(0.0, self.wait_s - (loop.time() - started)))
 
-    def check_topics(self, what: str, topics: Collection[str], partitions: int) -> None:
-        """400 `invalid_position` for a position on a topic `what` does not read, or on a
-        partition its topics (of `partitions` each) do not have: it would never be reached."""
+    def check_topics(self, what: str, topics: Collection[str]) -> None:
+        """400 `invalid_position` for a position on a topic `what` does not read: it would
+        never be reached."""
         foreign = [p.token() for p in self.wanted if p.topic not in topics]
         if foreign:
             raise Problem(400, "invalid_position", f"{what} does not read {', '.join(foreign)}; it reads {', '.join(sorted(topics))}")
-        beyond = [p.token() for p in self.wanted if p.partition >= partitions]
-        if beyond:
-            raise Problem(400, "invalid_position", f"no such partition: {', '.join(beyond)} (the topics have {partitions})")
 
     async def reflected(
         self,

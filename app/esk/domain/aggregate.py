@@ -13,7 +13,7 @@ Nothing here knows about Kafka, HTTP or storage.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from types import MappingProxyType
@@ -90,6 +90,13 @@ class AggregateType(Generic[S]):
     _event_types: frozenset[type[Event]] = field(init=False, repr=False, compare=False)
     _state_shape: str = field(init=False, repr=False, compare=False)
 
+    @property
+    def _state_class(self) -> type[BaseModel]:
+        """What the states are instances of: a generic model's own class (a `Box[int]`'s
+        evolve may return a `Box`)."""
+        origin = getattr(self.state, "__pydantic_generic_metadata__", {}).get("origin")
+        return origin or self.state
+
     def __post_init__(self) -> None:
         if not self.name.replace("_", "").replace("-", "").isalnum():
             raise ValueError(f"aggregate type name {self.name!r} must be alphanumeric (with - or _)")
@@ -116,8 +123,8 @@ class AggregateType(Generic[S]):
             isinstance(c, type) and issubclass(c, Command) for c in self.commands.values()
         ):
             raise TypeError(f"{name}: commands= maps each command's name in the URL to its Command class: {{'open': Open, ...}}")
-        if not self.creates or not all(isinstance(c, type) and issubclass(c, Command) for c in self.creates):
-            raise TypeError(f"{name}: creates= is a frozenset of the Command classes that make an aggregate (none: every command is 404)")
+        if not all(isinstance(c, type) and issubclass(c, Command) for c in self.creates):
+            raise TypeError(f"{name}: creates= is a frozenset of the Command classes that make an aggregate")
         strays = [e for e in self.events if not (isinstance(e, type) and issubclass(e, Event))]
         if strays:
             raise TypeError(f"{name}: events= holds what is not an Event class: {', '.join(map(repr, strays))}")
@@ -160,7 +167,7 @@ class AggregateType(Generic[S]):
         decided: object = self.decide(state, command)  # the user's code: whatever it returned
         if isinstance(decided, Rejection):
             return decided
-        if not isinstance(decided, list | tuple):
+        if not isinstance(decided, Sequence | Iterator) or isinstance(decided, str | bytes | BaseModel):
             raise TypeError(
                 f"{self.name}.decide returned {type(decided).__name__} for {type(command).__name__}: "
                 "it returns a list of events, or a Rejection"
@@ -179,7 +186,7 @@ class AggregateType(Generic[S]):
             state = self.evolve(state, event)
             # Not caught here, a forgotten `return` would store the events with no state, so
             # that the next command wrote the same version again.
-            if not isinstance(state, self.state):
+            if not isinstance(state, self._state_class):
                 raise TypeError(
                     f"{self.name}.evolve returned {type(state).__name__} for {type(event).__name__}: "
                     f"it returns the state, a {self.state.__name__}"

@@ -170,7 +170,7 @@ def _fold_records(registry: Registry, aggregate_type: str, folds: dict[str, _Fol
             )
             continue
         try:
-            fold.state = definition.evolve(fold.state, data)
+            fold.state = definition.fold([data], fold.state)  # (which tells an evolve that returned no state)
         except Exception as error:  # a bug in evolve
             fold.error = f"evolve failed on {what}: {one_line(error)}"
             continue
