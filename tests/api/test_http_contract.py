@@ -144,6 +144,10 @@ async def test_bad_input_never_reaches_the_commands_topic(settings: Settings) ->
         assert r.status_code == 422
         r = await c.post(url, content=b'{"amount": 5}', headers={"Content-Type": "text/plain"})
         assert r.status_code == 415
+        # JSON is UTF-8, uncompressed here: a body said otherwise would be read as what it is not
+        for headers in ({"Content-Type": "application/json; charset=latin-1"}, {**json_header, "Content-Encoding": "gzip"}):
+            r = await c.post(url, content=b'{"amount": 5}', headers=headers)
+            assert r.status_code == 415 and r.json()["code"] == "unsupported_media_type", headers
         r = await c.post(url, content=b'{"amount": 5, "pad": "' + b"x" * 70_000 + b'"}', headers=json_header)
         assert r.status_code == 413 and r.json()["code"] == "body_too_large"
 

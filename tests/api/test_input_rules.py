@@ -37,6 +37,8 @@ async def test_ids_keys_and_numbers_are_taken_as_the_document_states_them(settin
             assert r.status_code == 400 and r.json()["code"] == "invalid_trace_id", (header, r.text)
         r = await c.post(deposit, json={"amount": 1}, headers={"X-Correlation-Id": "req-1", "Prefer": "RESPOND-ASYNC"})
         assert r.status_code == 202, r.text  # a preference's name is case-insensitive
+        r = await c.post(deposit, content=b'{"amount": 1}', headers={"Content-Type": 'application/json; charset="UTF-8"'})
+        assert r.status_code == 200, r.text  # JSON's own charset, named
 
         # A key may hold what a path must escape: the Location escapes it, and serves the outcome.
         key = f"deposit 1/{account}?"

@@ -365,9 +365,17 @@ async def read_json(headers: Mapping[str, str], receive: Receive, limit: int) ->
         more = message.get("more_body", False)
     if not body.strip():
         return {}
-    media_type = headers.get("content-type", "").split(";")[0].strip().lower()
+    media_type, _, parameters = headers.get("content-type", "").partition(";")
+    media_type = media_type.strip().lower()
     if media_type != "application/json" and not (media_type.startswith("application/") and media_type.endswith("+json")):
         raise Problem(415, "unsupported_media_type", "send the command as application/json")
+    # JSON is UTF-8 (RFC 8259): a body said to be in another charset, or compressed, would
+    # be read as what it is not
+    charset = next((value.strip().strip('"').lower() for key, _, value in (p.partition("=") for p in parameters.split(";"))
+                    if key.strip().lower() == "charset"), "utf-8")
+    encoding = headers.get("content-encoding", "identity").strip().lower()
+    if charset not in ("utf-8", "utf8") or encoding not in ("", "identity"):
+        raise Problem(415, "unsupported_media_type", "send the command as application/json, in UTF-8 and not compressed")
     try:
         payload = orjson.loads(body)
     except orjson.JSONDecodeError as error:

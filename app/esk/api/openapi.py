@@ -331,7 +331,7 @@ def _command_operation(aggregate_type: AggregateType[Any], name: str, model: typ
             "409": _problem("The aggregate exists already (a creating command)", "already_exists", headers=optional_etag),
             "412": _problem("If-Match or If-None-Match failed; the current version is in the body", "precondition_failed", headers=optional_etag),
             "413": _problem("The body is too large", "body_too_large"),
-            "415": _problem("The body is not JSON (application/json or application/*+json)", "unsupported_media_type"),
+            "415": _problem("The body is not JSON (application/json or application/*+json) in UTF-8, uncompressed", "unsupported_media_type"),
             "422": _problem(
                 "Refused by the domain (its own code), an invalid payload (`invalid_payload`, with `errors`), "
                 f"the domain code failed (`domain_error`), or the Idempotency-Key is another command's (`{IDEMPOTENCY_KEY_REUSED}`)",
