@@ -160,10 +160,7 @@ def _earlier_versions(locked: LockedAggregate | None, event: type[Event]) -> lis
     """The schemas of `event`'s versions before its current one that the lock holds, oldest
     first (a lock not written since the version was raised holds the last one as its own)."""
     found = locked.events.get(event.type_name()) if locked is not None else None
-    if found is None:
-        return []
-    versions = {**found.older_versions, found.schema_version: found.schema}
-    return sorted((version, schema) for version, schema in versions.items() if version < event.schema_version)
+    return [] if found is None else list(found.before(event.schema_version).items())
 
 
 def _locked_data_schema(name: str, schema: JsonSchema, schemas: dict[str, Any]) -> dict[str, Any]:

@@ -183,7 +183,7 @@ def _event_changes(aggregate: AggregateType[Any], name: str, locked: LockedEvent
     # Every locked version before the current one, the last locked one included: payloads of
     # each may be on the topic. The older ones passed before; they are checked again so that
     # a later edit to an upcaster cannot break them unnoticed.
-    older = {v: schema for v, schema in sorted({**locked.older_versions, version: locked.schema}.items()) if v < now.schema_version}
+    older = locked.before(now.schema_version)
     missing = [v for v in range(min(older, default=now.schema_version), now.schema_version) if (name, v) not in aggregate.upcasters]
     if missing:
         # A version never locked is not stored, but the older ones get through it, a step at a time.

@@ -36,6 +36,13 @@ class LockedEvent(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     schema: JsonSchema
     older_versions: dict[int, JsonSchema] = {}
 
+    def before(self, version: int) -> dict[int, JsonSchema]:
+        """The schemas this lock holds of the event's versions before `version`, oldest
+        first: its older ones, and its own when `version` is past it (code that raised the
+        version since)."""
+        held = {**self.older_versions, self.schema_version: self.schema}
+        return {v: held[v] for v in sorted(held) if v < version}
+
 
 class LockedAggregate(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     commands: dict[str, JsonSchema]
@@ -105,8 +112,7 @@ def _lock_aggregate(aggregate: AggregateType[Any], previous: LockedAggregate | N
         name, version = event.type_name(), event.schema_version
         locked = previous.events.get(name) if previous else None
         # The versions before this one that earlier locks saw, the last locked one included.
-        seen = {**locked.older_versions, locked.schema_version: locked.schema} if locked else {}
-        older = {v: schema for v, schema in seen.items() if v < version}
+        older = locked.before(version) if locked else {}
         events[name] = LockedEvent(schema_version=version, schema=json_schema(event), older_versions=older)
     return LockedAggregate(
         commands={name: json_schema(command) for name, command in aggregate.commands.items()},
