@@ -89,18 +89,16 @@ class AggregateType(Generic[S]):
     _events_by_name: Mapping[str, type[Event]] = field(init=False, repr=False, compare=False)
     _event_types: frozenset[type[Event]] = field(init=False, repr=False, compare=False)
     _state_shape: str = field(init=False, repr=False, compare=False)
-
-    @property
-    def _state_class(self) -> type[BaseModel]:
-        """What the states are instances of: a generic model's own class (a `Box[int]`'s
-        evolve may return a `Box`)."""
-        origin = getattr(self.state, "__pydantic_generic_metadata__", {}).get("origin")
-        return origin or self.state
+    # What states are instances of, which `fold` checks at each event: a generic model's own
+    # class (a `Box[int]`'s evolve may return a `Box`).
+    _state_class: type[BaseModel] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.name.replace("_", "").replace("-", "").isalnum():
             raise ValueError(f"aggregate type name {self.name!r} must be alphanumeric (with - or _)")
         self._check_kinds()
+        origin = self.state.__pydantic_generic_metadata__.get("origin")
+        object.__setattr__(self, "_state_class", origin or self.state)
         unknown = self.creates - set(self.commands.values())
         if unknown:
             raise ValueError(f"creating commands not among the commands: {unknown}")

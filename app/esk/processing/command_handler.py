@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ..domain.aggregate import AggregateType, Rejection
+from ..domain.aggregate import AggregateType, Rejection, one_line
 from ..protocol import STATE_UNUSABLE, CommandEnvelope, EventRecord, Outcome, Status, StoredAggregate
 
 log = logging.getLogger(__name__)
@@ -61,8 +61,7 @@ def handle_command(
     except ValidationError as error:
         # The API refused such a body at once; this one was queued before the command's
         # model changed (a release in between): pydantic's own text runs to lines and links.
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'the body'}: {e['msg']}" for e in error.errors())
-        return refuse(Status.REJECTED, "invalid_payload", f"the {envelope.command} payload is invalid: {problems}")
+        return refuse(Status.REJECTED, "invalid_payload", f"the {envelope.command} payload is invalid: {one_line(error)}")
     try:
         state = aggregate_type.state.model_validate(stored.state) if stored is not None else None
         decision = aggregate_type.handle(state, command, envelope.aggregate_id)

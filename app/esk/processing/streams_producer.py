@@ -94,4 +94,3 @@ class StreamsProducer:
             await asyncio.wait_for(self._producer.abort_transaction(), ABORT_TIMEOUT_S)
         except Exception as abort_error:  # the producer may be past aborting (fatal error)
             log.warning("%s: could not abort after %r: %r", self.transactional_id, error, abort_error)
-

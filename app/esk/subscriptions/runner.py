@@ -25,14 +25,14 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import IllegalStateError
 from aiokafka.structs import ConsumerRecord
 
-from ..domain.aggregate import AggregateType
+from ..domain.aggregate import AggregateType, one_line
 from ..kafka.reader import group_member
 from ..kafka.stopping import stop_consumer
 from ..metrics import SUBSCRIPTION_CAUGHT_UP, SUBSCRIPTION_LAG, SUBSCRIPTION_PARKED, SUBSCRIPTION_PARTITIONS
 from ..settings import Settings
 from .api import AnySubscription
 from .routing import Router, check_outcome_commands
-from .stores import DatabaseUnreachable, Stores, group_id, in_a_line
+from .stores import DatabaseUnreachable, Stores, group_id
 from .worker import PartitionWorker
 
 log = logging.getLogger(__name__)
@@ -129,9 +129,9 @@ class _Failing:
         self.told: float | None = None
         self.reason = ""
 
-    def tell(self, error: BaseException, what: str) -> None:
+    def tell(self, error: Exception, what: str) -> None:
         """`what` happens after `error` (in a line, after it)."""
-        reason, now = in_a_line(error), time.monotonic()
+        reason, now = one_line(error), time.monotonic()
         self.tries += 1
         if self.tries == 1:
             self.first = now
@@ -164,12 +164,9 @@ class SubscriptionRunner:
         self.group_id = group_id(settings, subscription)
         self.partitions: dict[TopicPartition, InputPartition] = {}
         self._consumer: AIOKafkaConsumer | None = None
-        self.opened = False  # its stores: a database handler's database answered
-
-    @property
-    def ready(self) -> bool:
-        """Running: its stores open (its lag, once it has partitions, is in /metrics)."""
-        return self.opened and self._consumer is not None
+        # Running, its stores open (a database handler's database answered); its lag, once it
+        # has partitions, is in /metrics.
+        self.ready = False
 
     @property
     def consumer(self) -> AIOKafkaConsumer:
@@ -204,7 +201,7 @@ class SubscriptionRunner:
             await stop_consumer(consumer)  # made, never started: closed all the same
             self._consumer = None
             return
-        self.opened = True
+        self.ready = True
         consumer.subscribe(self.router.topics, listener=_Listener(self))
         # Beside the loop, not in it: the count waits for the store, which a long unit of a
         # partition holds (a database handler's transaction), and the loop must go on
@@ -237,7 +234,7 @@ class SubscriptionRunner:
             await self._revoke(set(self.partitions))
             await stop_consumer(consumer)
             self._consumer = None
-            self.opened = False
+            self.ready = False
             await self.stores.close()
 
     async def _open_stores(self, consumer: AIOKafkaConsumer, stop: asyncio.Event) -> bool:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from ..domain.aggregate import one_line
 from ..kafka.client_options import client_options
 from ..kafka.topics import ensure_topics
 from ..settings import Settings
@@ -35,14 +36,9 @@ def database_of(settings: Settings, subscription: DatabaseHandler) -> Database:
 class DatabaseUnreachable(Exception):
     """A database handler's database did not answer as the stores opened."""
 
-    def __init__(self, database: Database, cause: BaseException) -> None:
+    def __init__(self, database: Database, cause: Exception) -> None:
         self.where, self.cause = database.describe(), cause
-        super().__init__(f"its database {self.where} does not answer ({in_a_line(cause)})")
-
-
-def in_a_line(error: BaseException) -> str:
-    """An error's class and message in one line (a driver's message may run to several)."""
-    return f"{type(error).__name__}: {' '.join(line.strip() for line in str(error).splitlines() if line.strip())}"
+        super().__init__(f"its database {self.where} does not answer ({one_line(cause)})")
 
 
 class Stores:
