@@ -22,6 +22,7 @@ from esk import (
     DatabaseHandler,
     Reactor,
     Retries,
+    Send,
     SentCommand,
     SideEffectHandler,
     SQLite,
@@ -228,6 +229,43 @@ def test_a_handler_for_an_event_the_subscription_does_not_read_is_refused() -> N
     with pytest.raises(ValueError, match="alphanumeric"):
         Reactor("no spaces", reads=[orders])
     assert Shipped in orders.events
+
+
+def test_a_handler_that_is_not_async_is_refused_where_it_is_registered() -> None:
+    sub = Reactor("sync", reads=[orders])
+
+    def pay(event: Placed, ctx: Context) -> list[Send]:
+        return []
+
+    with pytest.raises(TypeError, match="'sync': the handler of Placed must be an `async def`"):
+        sub.on(Placed)(pay)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="the outcome handler of Withdraw must be an `async def`"):
+        sub.on_outcome(Withdraw)(pay)  # type: ignore[arg-type]
+
+    class Callable:
+        async def __call__(self, event: Placed, ctx: Context) -> list[Send]:
+            return []
+
+    sub.on(Placed)(Callable())
+    assert Placed in sub.handlers
+
+
+@pytest.mark.parametrize("answer", [None, "generator", "one Send"])
+async def test_a_reactor_handler_that_answers_no_list_of_send_parks_its_event_at_once(answer: str | None) -> None:
+    sub = Reactor("forgetful", reads=[orders])
+    send = Send(accounts, "a1", Withdraw(amount=1))
+
+    @sub.on(Placed)
+    async def pay(event: Placed, ctx: Context) -> Any:
+        if answer == "generator":
+            return (s for s in [send])  # would be used up by the check, sending nothing
+        return send if answer == "one Send" else None  # a `return` forgotten
+
+    run = await run_subscription(sub, [("o1", placed()), ("o1", placed())], retries=Retries(attempts=3, first_delay_s=0.01))
+    assert run.commands == []
+    assert [(p.offset, p.attempts) for p in run.parked] == [(0, 1), (1, 0)]  # no retry: the same code answers the same
+    told = {None: "None", "generator": "a generator", "one Send": "a Send"}[answer]
+    assert run.parked[0].reason == f"HandlerMistake: a reactor handler returns a list of Send (`[]` for none), not {told}"
 
 
 class PlacedNewer(Placed):

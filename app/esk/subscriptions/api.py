@@ -19,6 +19,7 @@ Three kinds, by where the handler's effects go and so how exactly-once is kept:
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -139,6 +140,7 @@ class Retries:
 E = TypeVar("E", bound=Event)
 C = TypeVar("C")  # the context a kind's handlers get
 R = TypeVar("R")  # what a kind's handlers return
+H = TypeVar("H", bound=Callable[..., Any])
 EventHandler = Callable[[E, C], Awaitable[R]]
 OutcomeHandler = Callable[[CommandOutcome, OutcomeContext], Awaitable[Sequence[Send]]]
 
@@ -177,7 +179,7 @@ class Subscription(Generic[C, R]):
             raise ValueError(f"subscription {self.name!r} handles {event_type.__name__} twice")
 
         def register(handler: EventHandler[E, C, R]) -> EventHandler[E, C, R]:
-            self.handlers[event_type] = handler
+            self.handlers[event_type] = _awaitable(handler, f"subscription {self.name!r}: the handler of {event_type.__name__}")
             return handler
 
         return register
@@ -207,7 +209,7 @@ class Reactor(Subscription[Context, Sequence[Send]]):
             raise ValueError(f"subscription {self.name!r} handles the outcome of {command_type.__name__} twice")
 
         def register(handler: OutcomeHandler) -> OutcomeHandler:
-            self.outcome_handlers[command_type] = handler
+            self.outcome_handlers[command_type] = _awaitable(handler, f"subscription {self.name!r}: the outcome handler of {command_type.__name__}")
             return handler
 
         return register
@@ -238,3 +240,11 @@ class SideEffectHandler(Subscription[Context, None]):
 
 
 AnySubscription = Subscription[Any, Any]
+
+
+def _awaitable(handler: H, what: str) -> H:
+    """`handler`, once it is known to be an `async def` (or a callable whose `__call__` is):
+    a plain `def` would fail every event it is given, each retried and then parked."""
+    if inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(type(handler).__call__):
+        return handler
+    raise TypeError(f"{what} must be an `async def`, not {handler!r}")

@@ -16,7 +16,7 @@ seen with its first outcome.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +33,11 @@ Handler = Callable[[Any, Any], Awaitable[Any]]
 
 class Undecodable(Exception):
     """A record routed to a handler that cannot be made into what the handler takes."""
+
+
+class HandlerMistake(TypeError):
+    """A handler answered what its kind cannot take: the same code answers the same again,
+    so the event is parked at once, not tried again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,10 +211,9 @@ def origin_of(subscription: str, command_id: str) -> Origin | None:
 async def reactor_commands(subscription: str, delivery: Delivery, replaying: bool) -> list[tuple[str, Send]]:
     """Run a reactor's handler; return its commands, each with its derived id."""
     sends = await call_handler(delivery, subscription, replaying)
-    if sends is None:
-        return []
-    if isinstance(sends, Send) or not all(isinstance(s, Send) for s in sends):
-        raise TypeError(f"a reactor handler returns a list of Send, not {sends!r}")
+    # None too: a `return` forgotten on one path would drop its commands without a word.
+    if not isinstance(sends, Sequence) or isinstance(sends, str) or not all(isinstance(s, Send) for s in sends):
+        raise HandlerMistake(f"a reactor handler returns a list of Send (`[]` for none), not {'None' if sends is None else 'a ' + type(sends).__name__}")
     return [(derived_command_id(subscription, delivery.source_id, n), send) for n, send in enumerate(sends)]
 
 

@@ -31,7 +31,7 @@ from ..domain.aggregate import NewerSchemaVersion, one_line
 from ..metrics import SUBSCRIPTION_EVENTS
 from .api import AnySubscription, Retries
 from .parking import ParkedEvent, ParkStatus, aggregate_key
-from .routing import Delivery, EventDelivery, Router, Undecodable
+from .routing import Delivery, EventDelivery, HandlerMistake, Router, Undecodable
 from .sinks import PartitionSink, Unit
 
 log = logging.getLogger(__name__)
@@ -209,10 +209,11 @@ class PartitionWorker:
     async def _try_again(
         self, record: ConsumerRecord[bytes, bytes], delivery: Delivery, error: Exception, verified: set[str]
     ) -> None:
-        """The failed event alone: attempts, each its own unit, then parked."""
+        """The failed event alone: attempts, each its own unit, then parked (at once for a
+        handler's mistake)."""
         retries = self.retries
         attempts = 1
-        while attempts < retries.attempts:
+        while attempts < retries.attempts and not isinstance(error, HandlerMistake):
             log.warning(
                 "%s: %s at %s/%s/%s failed (attempt %d of %d), trying again in %.1fs: %r",
                 self.subscription.name, delivery.source_id, record.topic, record.partition, record.offset,
