@@ -499,11 +499,13 @@ def sql(
 def dev_read_models(settings: Settings) -> list[str]:
     """The read models `esk dev` keeps up: all of the project's, unless it was told not to
     (ESK_PROJECTIONS__RUN_IN_DEV) or Spark is not installed, which it says if the project
-    has read models."""
+    has read models (once: not again in the processes' parent that a reload starts anew)."""
+    from .runtime import DEV_CHILD_VARIABLE
+
     if not settings.projections.run_in_dev:
         return []
     if importlib.util.find_spec("pyspark") is None:
-        if _module_there(settings.read_models.partition(":")[0]):
+        if DEV_CHILD_VARIABLE not in os.environ and _module_there(settings.read_models.partition(":")[0]):
             console.print("read models are not kept up: they need the spark extra (pip install 'esk[spark]')", highlight=False, markup=False)
         return []
     return list(read_models(settings))

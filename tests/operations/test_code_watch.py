@@ -109,3 +109,22 @@ def test_a_save_that_changes_nothing_is_no_change_and_a_removed_file_is_one(tmp_
         assert _changes(watch) == {module}
     finally:
         watch.stop()
+
+
+def test_esk_dev_without_spark_says_once_that_the_read_models_are_not_kept_up(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import importlib.util
+
+    from esk.cli import dev_read_models
+    from esk.runtime import DEV_CHILD_VARIABLE
+
+    found = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None if name == "pyspark" else found(name, *args))
+    settings = Settings(read_models="projections.read_models:READ_MODELS", _env_file=None)
+    assert dev_read_models(settings) == []
+    assert capsys.readouterr().out == "read models are not kept up: they need the spark extra (pip install 'esk[spark]')\n"
+    # the processes' parent, started anew at each change to the code: esk dev said it already
+    monkeypatch.setenv(DEV_CHILD_VARIABLE, "1")
+    assert dev_read_models(settings) == []
+    assert capsys.readouterr().out == ""
