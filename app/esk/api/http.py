@@ -240,6 +240,7 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
             )
         elif not keepers.runs:
             problem.detail += f"; {NO_RUN}"
+            problem.headers.pop("Retry-After", None)  # a retry would get the same answer
         return problem
 
     async def _read_model(name: str, filters: dict[str, str], limit: int) -> list[dict[str, Any]]:
