@@ -67,3 +67,10 @@ async def test_ids_keys_and_numbers_are_taken_as_the_document_states_them(settin
 
         r = await c.get("/v1/projections/account_balances", params={"limit": 0})
         assert r.status_code == 400 and r.json()["code"] == "invalid_limit"
+
+        # HEAD is its GET's headers: an aggregate's ETag without its state
+        got, head = await c.get(f"/v1/accounts/{account}"), await c.head(f"/v1/accounts/{account}")
+        assert head.status_code == 200 and head.content == b"", head.text
+        assert head.headers["etag"] == got.headers["etag"] and head.headers["content-length"] == str(len(got.content))
+        r = await c.head("/v1/accounts/nosuch-account")
+        assert r.status_code == 404 and r.content == b"" and r.headers["content-type"] == "application/problem+json"

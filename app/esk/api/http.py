@@ -21,6 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.convertors import PathConvertor, register_url_convertor
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..kafka.topics import TopicNames
 from ..metrics import READ_MODEL_LAG, READ_MODEL_PARKED, READ_MODEL_POSITION, Kind, exported
@@ -59,6 +60,28 @@ class _AnyText(PathConvertor):
 register_url_convertor("any_text", _AnyText())
 # Told with a read model's 503: nothing keeps it up, so waiting will not help.
 NO_RUN = "no run keeps it up now (`esk project list` says who keeps each read model; a driver's log, why it stopped)"
+
+
+class HeadAsGet:
+    """HEAD is served as its GET, without the body (FastAPI's routes take GET alone): a
+    client asks for an aggregate's ETag, or whether a resource is there, without its body."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "HEAD":
+            await self.app(scope, receive, send)
+            return
+
+        async def headers_only(message: Message) -> None:
+            if message["type"] == "http.response.body":
+                if message.get("more_body", False):
+                    return
+                message = {"type": "http.response.body", "body": b"", "more_body": False}
+            await send(message)
+
+        await self.app({**scope, "method": "GET"}, receive, headers_only)
 
 
 def _fastapi_telemetry(settings: Settings) -> dict[str, Any]:
@@ -140,6 +163,7 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
     app.add_middleware(CommandRoutes, endpoints=endpoints)
     if settings.api.auth_tokens:
         app.add_middleware(BearerAuth, tokens=frozenset(settings.api.auth_tokens))
+    app.add_middleware(HeadAsGet)
     if settings.tracing.enabled:  # outermost: a refused request is a span too
         app.add_middleware(TracingMiddleware)
 
