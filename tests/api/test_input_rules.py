@@ -40,6 +40,22 @@ async def test_ids_keys_and_numbers_are_taken_as_the_document_states_them(settin
         r = await c.post(deposit, content=b'{"amount": 1}', headers={"Content-Type": 'application/json; charset="UTF-8"'})
         assert r.status_code == 200, r.text  # JSON's own charset, named
 
+        # What two readers of one request could read differently is refused, not read one way:
+        # a name twice in one object (orjson keeps the last), a one-value header twice.
+        for body, twice in ((b'{"amount": 1, "amount": 1000}', "amount"), (rb'{"amount": 1, "x": {"a": 1, "\u0061": 2}}', "a")):
+            r = await c.post(deposit, content=body, headers={"Content-Type": "application/json"})
+            assert r.status_code == 400 and r.json()["code"] == "malformed_json", r.text
+            assert r.json()["detail"] == f"the body gives {twice!r} twice in one object: which one was meant cannot be told"
+        r = await c.post(deposit, content=b"[" * 1000 + b"]" * 1000, headers={"Content-Type": "application/json"})
+        assert r.status_code == 400 and r.json()["detail"] == "the body nests its arrays and objects too deep", r.text
+        for header, status, code in (
+            ("Idempotency-Key", 400, "invalid_idempotency_key"), ("X-Correlation-Id", 400, "invalid_trace_id"),
+            ("Content-Type", 415, "unsupported_media_type"),
+        ):
+            r = await c.post(deposit, content=b'{"amount": 1}', headers=[("Content-Type", "application/json"), (header, "k1"), (header, "k2")])
+            assert (r.status_code, r.json()["code"]) == (status, code), (header, r.text)
+            assert r.json()["detail"] == f"{header} is given more than once: send it once"
+
         # A key may hold what a path must escape: the Location escapes it, and serves the outcome.
         key = f"deposit 1/{account}?"
         r = await c.post(deposit, json={"amount": 1}, headers={"Idempotency-Key": key, "Prefer": "respond-async"})

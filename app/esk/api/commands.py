@@ -14,6 +14,7 @@ in /openapi.json by `http._document_schemas`.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import uuid
@@ -342,10 +343,30 @@ def _escaped_slash_in_id(scope: Scope) -> bool:
     return len(parts) >= 4 and parts[1] == b"v1" and parts[2] not in (b"commands", b"projections") and b"%2f" in parts[3].lower()
 
 
+# The headers a command takes one value of, and the problem of one given twice: the two
+# may differ, and another reader of the request (a proxy, a log) may take the other.
+_ONE_VALUE = {
+    "idempotency-key": (400, "invalid_idempotency_key"),
+    "if-match": (400, "invalid_if_match"),
+    "if-none-match": (400, "invalid_if_none_match"),
+    "x-correlation-id": (400, "invalid_trace_id"),
+    "x-causation-id": (400, "invalid_trace_id"),
+    "content-type": (415, "unsupported_media_type"),
+}
+
+
 def request_headers(scope: Scope) -> dict[str, str]:
     """The request's headers by lower-case name (the first of repeated ones), looked up
     once: a Starlette `Headers.get` scans the whole list on every call."""
-    return {name.decode("latin-1"): value.decode("latin-1") for name, value in reversed(scope["headers"])}
+    headers: dict[str, str] = {}
+    for raw_name, raw_value in scope["headers"]:
+        name = raw_name.decode("latin-1")
+        if name not in headers:
+            headers[name] = raw_value.decode("latin-1")
+        elif name in _ONE_VALUE:
+            status, code = _ONE_VALUE[name]
+            raise Problem(status, code, f"{name.title()} is given more than once: send it once")
+    return headers
 
 
 async def read_json(headers: Mapping[str, str], receive: Receive, limit: int) -> dict[str, Any]:
@@ -380,6 +401,8 @@ async def read_json(headers: Mapping[str, str], receive: Receive, limit: int) ->
         payload = orjson.loads(body)
     except orjson.JSONDecodeError as error:
         raise Problem(400, "malformed_json", f"the body is not valid JSON: {error}") from None
+    if (twice := _name_given_twice(body)) is not None:
+        raise Problem(400, "malformed_json", f"the body gives {twice!r} twice in one object: which one was meant cannot be told")
     if not isinstance(payload, dict):
         raise Problem(422, "invalid_payload", "the body must be a JSON object")
     numbers: dict[str, Any] = _json_numbers(payload)
@@ -402,6 +425,38 @@ def preconditions(headers: Mapping[str, str]) -> tuple[int | None, bool]:
 
 
 _INT64_MIN, _INT64_END = -(2**63), 2**63
+
+
+class _GivenTwice(Exception):
+    pass
+
+
+def _unique_names(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    members = dict(pairs)
+    if len(members) < len(pairs):
+        seen: set[str] = set()
+        for name, _ in pairs:
+            if name in seen:
+                raise _GivenTwice(name)
+            seen.add(name)
+    return members
+
+
+_PAIRS = json.JSONDecoder(object_pairs_hook=_unique_names)  # made once: json.loads with a hook makes one a call
+
+
+def _name_given_twice(body: bytes | bytearray) -> str | None:
+    """A member name given twice in one of the (valid) JSON body's objects: orjson keeps the
+    last; another reader of the same body (a proxy that checks it, a log) may take the first,
+    so a body such as {"amount": 1, "amount": 1000} is refused, not read one way (I-JSON,
+    RFC 7493). Python's own parser is the one that hands over every pair."""
+    try:
+        _PAIRS.decode(body.decode())  # UTF-8: orjson read it
+    except _GivenTwice as twice:
+        return str(twice)
+    except RecursionError:  # orjson reads deeper: no command's payload nests so
+        raise Problem(400, "malformed_json", "the body nests its arrays and objects too deep") from None
+    return None
 
 
 def _json_numbers(value: Any) -> Any:
