@@ -450,6 +450,8 @@ def _name_given_twice(body: bytes | bytearray) -> str | None:
     last; another reader of the same body (a proxy that checks it, a log) may take the first,
     so a body such as {"amount": 1, "amount": 1000} is refused, not read one way (I-JSON,
     RFC 7493). Python's own parser is the one that hands over every pair."""
+    if body.count(b":") < 2:  # each name is followed by one: no two names
+        return None
     try:
         _PAIRS.decode(body.decode())  # UTF-8: orjson read it
     except _GivenTwice as twice:
