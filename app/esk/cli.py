@@ -25,7 +25,7 @@ from .kafka.topics import coordinators_ready, ensure_topics, missing_topics, top
 from .logs import configure_logging
 from .registry import ImportFailed, Registry, SettingMistake, load_registry
 from .schema.lock import LOCK_FILE, Lock, LockError, build_lock, project_lock, read_lock, write_lock
-from .settings import Settings
+from .settings import Settings, SettingsInvalid, read_settings
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -69,7 +69,10 @@ _errors_as_json = False
 
 def load_settings(**overrides: Any) -> Settings:
     """ESK_* variables and .env first; flags that were given override them."""
-    settings = Settings()
+    try:
+        settings = read_settings()
+    except SettingsInvalid as error:
+        raise fail(str(error)) from None
     for dotted, value in overrides.items():
         if value is None:
             continue

@@ -6,11 +6,15 @@ Kafka client security options are passed through untouched (see `kafka.client_op
 
 from __future__ import annotations
 
+import json
+import os
+import types
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, Field, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 # Everything esk keeps on disk lives under the directory it runs in, never under the
 # installed package: an esk installed from a wheel works from any project directory.
@@ -261,3 +265,65 @@ class Settings(BaseSettings):
     @property
     def uses_embedded_broker(self) -> bool:
         return self.kafka.bootstrap_servers is None
+
+
+class SettingsInvalid(ValueError):
+    """ESK_* variables (or .env) esk cannot take, each named as it is set."""
+
+
+def read_settings() -> Settings:
+    """The settings of ESK_* variables and .env; SettingsInvalid names each that is wrong,
+    in a line (pydantic's own error names fields by their dotted path, over many lines)."""
+    try:
+        return Settings()
+    except ValidationError as error:
+        raise SettingsInvalid("; ".join(_told(e["loc"], e["msg"], e["type"], e.get("input")) for e in error.errors())) from None
+    except SettingsError as error:  # a value that must be JSON and is not
+        raise SettingsInvalid(_not_json(error)) from None
+
+
+def _variable(path: typing.Sequence[str]) -> str:
+    return "ESK_" + "__".join(path).upper()
+
+
+def _told(loc: tuple[int | str, ...], message: str, kind: str, given: Any) -> str:
+    path = [str(part) for part in loc if not isinstance(part, int)]
+    item = next((f" (item {part})" for part in loc if isinstance(part, int)), "")
+    told = f"{_variable(path)}{item}: {message}"
+    if kind == "missing" and isinstance(given, dict) and given:
+        # set by a misspelt name, most often: the section's others are all it was given
+        told += f" ({_variable(path[:-1])}__* sets only {', '.join(sorted(str(name).upper() for name in given))})"
+    return told
+
+
+def _not_json(error: SettingsError) -> str:
+    """The variables whose values are read as JSON (lists, mappings) and are not JSON."""
+    wrong = []
+    for path in _json_fields(Settings, []):
+        value = os.environ.get(_variable(path))
+        if value is None:
+            continue
+        try:
+            json.loads(value)
+        except ValueError:
+            wrong.append(_variable(path))
+    if wrong:
+        return f"{', '.join(wrong)}: not JSON (a section, a list or a mapping is read from JSON, e.g. [\"a\", \"b\"])"
+    return str(error)  # from .env
+
+
+def _json_fields(model: type[BaseModel], path: list[str]) -> typing.Iterator[list[str]]:
+    """The paths of `model`'s fields that a variable sets as JSON: sections, lists and
+    mappings, nested ones too."""
+    for name, field in model.model_fields.items():
+        annotation = field.annotation
+        if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+            choices = [a for a in typing.get_args(annotation) if a is not type(None)]
+        else:
+            choices = [annotation]
+        for choice in choices:
+            if isinstance(choice, type) and issubclass(choice, BaseModel):
+                yield [*path, name]  # a section may be given whole
+                yield from _json_fields(choice, [*path, name])
+            elif typing.get_origin(choice) in (list, dict):
+                yield [*path, name]

@@ -13,11 +13,14 @@ from rich.console import Console
 from esk.logs import configure_logging
 from esk.projections.catalog import configured_read_models, select_read_models
 from esk.projections.runner import RunFailed, run_and_report, stop_on_signals
-from esk.settings import Settings
+from esk.settings import SettingsInvalid, read_settings
 
 
 def main() -> None:
-    settings = Settings()
+    try:
+        settings = read_settings()
+    except SettingsInvalid as error:
+        raise SystemExit(f"error: {error}") from None
     configure_logging(settings.log_level, settings.log_format)
     read_models = configured_read_models(settings)
     parser = argparse.ArgumentParser(description="Run esk read models under spark-submit, together in one driver.")

@@ -1,0 +1,56 @@
+"""A setting esk cannot take is named as the user set it, in a line (pydantic's error names
+fields by their dotted path, over many lines, under a traceback)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from esk.settings import SettingsInvalid, read_settings
+
+
+@pytest.mark.parametrize(
+    ("variables", "told"),
+    [
+        ({"ESK_API__PORT": "abc"}, "ESK_API__PORT: Input should be a valid integer, unable to parse string as an integer"),
+        ({"ESK_LOG_FORMAT": "xml"}, "ESK_LOG_FORMAT: Input should be 'text' or 'json'"),
+        (
+            {"ESK_API__PORT": "abc", "ESK_TOPICS__PARTITIONS": "many"},
+            "ESK_TOPICS__PARTITIONS: Input should be a valid integer, unable to parse string as an integer; "
+            "ESK_API__PORT: Input should be a valid integer, unable to parse string as an integer",
+        ),
+        # a misspelt name sets a section that wants more: what it set is told beside
+        (
+            {"ESK_BROKER__SASL_SSL__INTERNAL_PORT": "19202"},
+            "ESK_BROKER__SASL_SSL__KEYSTORE: Field required (ESK_BROKER__SASL_SSL__* sets only INTERNAL_PORT)",
+        ),
+        ({"ESK_API__AUTH_TOKENS": "t1,t2"}, "ESK_API__AUTH_TOKENS: not JSON"),
+        ({"ESK_BROKER__SASL_SSL__USERS": "esk=secret"}, "ESK_BROKER__SASL_SSL__USERS: not JSON"),
+        ({"ESK_BROKER": "localhost"}, "ESK_BROKER: not JSON"),
+    ],
+    ids=["integer", "choice", "two at once", "missing beside a misspelt one", "list", "nested mapping", "section"],
+)
+def test_a_setting_esk_cannot_take_is_named_as_it_was_set(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, variables: dict[str, str], told: str
+) -> None:
+    monkeypatch.chdir(tmp_path)  # no .env of the checkout's
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(SettingsInvalid) as error:
+        read_settings()
+    assert str(error.value).startswith(told), str(error.value)
+    assert "secret" not in str(error.value)
+
+
+def test_every_command_tells_a_wrong_setting_in_a_line(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "esk", "project", "list"],
+        cwd=tmp_path, env={"ESK_API__PORT": "abc", "PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        "error: ESK_API__PORT: Input should be a valid integer, unable to parse string as an integer"
+    ]
