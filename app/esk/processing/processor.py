@@ -16,7 +16,6 @@ from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 
 from ..kafka.reader import group_member
 from ..kafka.stopping import stop_consumer
@@ -85,8 +84,9 @@ class Processor:
             self.group_id,
             p.session_timeout_ms,
             p.max_poll_interval_ms,
-            # round robin only while a group still has members of a version without ours
-            partition_assignment_strategy=(self.assignor, RoundRobinPartitionAssignor),
+            # Ours alone: aiokafka (0.14) sends a JoinGroup for each assignor it is given, each
+            # with other protocols, and each of those starts the group's rebalance anew.
+            partition_assignment_strategy=(self.assignor,),
         )
 
     async def run(self, stop: asyncio.Event) -> None:
