@@ -6,8 +6,9 @@ it keeps warm. The plan is balanced (every member owns ⌊n/m⌋ or ⌈n/m⌉ pa
 moves as little state as it can: a partition stays with its previous owner; otherwise
 it goes to the member whose copy is furthest along the changelog; only then to the
 least loaded member, which must restore it. Each partition then gets up to
-`standby_replicas` standbys on other members that keep standbys themselves, warm ones
-first.
+`standby_replicas` standbys on other members that keep standbys themselves: an owner's
+partitions on as many members as can be, then the members with the fewest, warm copies
+among equals.
 
 The standby partitions travel to each member in the assignment's user_data; members
 without standby replicas configured simply get none.
@@ -86,14 +87,51 @@ def plan(partitions: Iterable[int], members: Mapping[str, MemberState], standby_
         owner[partition] = max(candidates, key=lambda m: (warmth(m, partition), -len(result[m].active)))
         result[owner[partition]].active.append(partition)
 
-    # Only members that run with standby replicas configured keep copies for others.
+    # Only members that run with standby replicas configured keep copies for others. An
+    # owner's partitions get their standbys on as many members as can be: should it fail,
+    # each of those can take one while staying balanced, from its warm copy. Then the
+    # fewest standbys; the warmest copy only among equals, as a copy left on disk (for
+    # STATE_CLEANUP_DELAY_S) would otherwise draw every standby of its partitions.
     keepers = [m for m in ids if members[m].standby_replicas > 0]
+
+    def kept_for(keeper: str, partition: int) -> int:
+        """How many of the partition's owner's partitions `keeper` keeps already."""
+        return sum(1 for p in result[keeper].standby if owner[p] == owner[partition])
+
     for partition in ordered:
         others = [m for m in keepers if m != owner[partition]]
-        others.sort(key=lambda m: (-warmth(m, partition), len(result[m].standby)))
+        others.sort(key=lambda m: (kept_for(m, partition), len(result[m].standby), -warmth(m, partition)))
         for member in others[:standby_replicas]:
             result[member].standby.append(partition)
+    _even_out_standbys(result, owner, keepers, kept_for, warmth)
     return result
+
+
+def _even_out_standbys(
+    result: dict[str, MemberPlan],
+    owner: Mapping[int, str],
+    keepers: list[str],
+    kept_for: Callable[[str, int], int],
+    warmth: Callable[[str, int], int],
+) -> None:
+    """Standbys moved from members that keep two more than another to that one, until none
+    does or none can move: taking them in partition order, the members that own the
+    partitions placed last could be left without any."""
+    while True:
+        pairs = sorted(
+            ((giver, taker) for giver in keepers for taker in keepers
+             if len(result[giver].standby) - len(result[taker].standby) >= 2),
+            key=lambda pair: len(result[pair[1]].standby) - len(result[pair[0]].standby),
+        )  # fmt: skip
+        for giver, taker in pairs:
+            movable = [p for p in result[giver].standby if owner[p] != taker and p not in result[taker].standby]
+            if movable:
+                moved = min(movable, key=lambda p: (kept_for(taker, p), warmth(giver, p) - warmth(taker, p)))
+                result[giver].standby.remove(moved)
+                result[taker].standby.append(moved)
+                break
+        else:
+            return
 
 
 class StandbyAssignor(AbstractPartitionAssignor):  # type: ignore[misc]  # aiokafka ships no type hints: its base is Any
