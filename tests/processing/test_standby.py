@@ -4,6 +4,8 @@ replays the partitions' whole changelog: the contrast is the point."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
@@ -23,7 +25,10 @@ async def _caught_up(standby: RunningProcessor, reader: AIOKafkaConsumer) -> boo
 
 
 @pytest.mark.parametrize("standby_replicas", [0, 1])
-async def test_failover_replays_only_what_no_standby_kept(settings: Settings, standby_replicas: int) -> None:
+async def test_failover_replays_only_what_no_standby_kept(
+    settings: Settings, standby_replicas: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="esk.processing.standby")
     settings, registry = await processors_domain(settings, standby_replicas=standby_replicas)
     partitions = set(range(settings.topics.partitions))
     async with first_processor(settings, registry, 12) as (client, first, accounts):
@@ -63,6 +68,8 @@ async def test_failover_replays_only_what_no_standby_kept(settings: Settings, st
                 assert end - 1 <= copies[tp.partition] <= end, (tp, copies, ends)
             if standby_replicas:
                 assert replayed == 0
+                # its copies all became its own: the log says it keeps none now
+                assert "standby for no partition now" in [r.getMessage() for r in caplog.records]
             else:
                 assert replayed > 0  # the whole changelog of `moved`, from the beginning
             for account in accounts:  # and the state it took over is the right one

@@ -53,6 +53,7 @@ class StandbyTasks:
     async def assign(self, partitions: set[int]) -> None:
         """Keep exactly these partitions warm; a store given up is closed (its files stay)."""
         async with self._lock:
+            before = set(self._stores)
             for partition in set(self._stores) - partitions:
                 self._stores.pop(partition).close()
                 self._positions.pop(partition, None)
@@ -70,6 +71,8 @@ class StandbyTasks:
                     self._reader.seek(tp, max(stored if stored is not None else 0, beginnings[tp]))
         if partitions:
             log.info("standby for partitions %s", sorted(partitions))
+        elif before:  # the last line said which it kept
+            log.info("standby for no partition now")
 
     async def _apply(
         self, reader: AIOKafkaConsumer, batches: Mapping[TopicPartition, list[ConsumerRecord[bytes, bytes]]]
