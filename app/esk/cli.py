@@ -789,16 +789,13 @@ def subscriptions_status(
     """Each subscription's lag per input partition, and whether it has caught up; exit 1 if one has not."""
     from rich.table import Table
 
-    from .kafka.metadata import TopicMissing
-    from .subscriptions.stores import DatabaseUnreachable
-
     settings = load_settings()
     names = [name] if name is not None else list(configured_subscriptions(settings))
     behind = []
     for each in names:
         try:
             status = asyncio.run(subscription_operations(settings, each).status())
-        except (DatabaseUnreachable, TopicMissing) as error:  # the others' status still tells
+        except _subscription_unavailable() as error:  # the others' status still tells
             err.print(f"[red]error:[/red] {each}: {escape(str(error))}", highlight=False, soft_wrap=True)
             behind.append(each)
             continue
@@ -808,7 +805,10 @@ def subscriptions_status(
             table.add_row(p.topic, str(p.partition), next_offset, str(p.end), str(p.lag), str(p.parked))
         print_table(table)
         parked = f"; {status.parked:,} parked (esk subscriptions parked {status.name})" if status.parked else ""
-        console.print(f"{status.name}: {'caught up' if status.caught_up else f'{status.lag:,} behind'}{parked}", highlight=False)
+        not_started = f"; {status.not_started}" if status.not_started else ""
+        console.print(
+            f"{status.name}: {'caught up' if status.caught_up else f'{status.lag:,} behind'}{parked}{not_started}", highlight=False
+        )
         if not status.caught_up:
             behind.append(status.name)
     if behind:
@@ -899,16 +899,22 @@ def subscriptions_reset(
 def _operate(name: str, operation: Callable[[Any], Coroutine[Any, Any, T]]) -> T:
     """`operation` on the subscription's SubscriptionOperations; what refuses it, or a
     database that does not answer, in a line."""
-    from .kafka.metadata import TopicMissing
     from .subscriptions.operations import RefusedError
-    from .subscriptions.stores import DatabaseUnreachable
 
     try:
         return asyncio.run(operation(subscription_operations(load_settings(), name)))
     except RefusedError as error:
         raise fail(str(error)) from None
-    except (DatabaseUnreachable, TopicMissing) as error:
+    except _subscription_unavailable() as error:
         raise fail(f"{name}: {error}") from None
+
+
+def _subscription_unavailable() -> tuple[type[Exception], ...]:
+    """What keeps a command-line tool from a subscription's stores, told in a line."""
+    from .kafka.metadata import TopicMissing
+    from .subscriptions.stores import DatabaseMissing, DatabaseUnreachable
+
+    return DatabaseMissing, DatabaseUnreachable, TopicMissing
 
 
 def print_rows(columns: list[str], rows: list[list[Any]], output: str) -> None:

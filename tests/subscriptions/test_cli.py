@@ -74,6 +74,12 @@ def test_the_subscriptions_commands(settings: Settings, env: dict[str, str], tmp
 
     code, out = esk("subscriptions", "status", "customer_ledger")
     assert code == 1 and "3 behind" in out
+    # before its subscriber ran, or read from another data directory: nothing is made there
+    data_dir = Path(env["ESK_SUBSCRIBER__DATA_DIR"])
+    assert f"no database at {data_dir / 'customer_ledger.sqlite'}: its subscriber has not run with" in out
+    assert not data_dir.exists()
+    code, out = esk("subscriptions", "parked", "customer_ledger")
+    assert code == 1 and "no database at" in out and not data_dir.exists()
 
     port = free_port()
     subscriber = subprocess.Popen(

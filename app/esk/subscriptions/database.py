@@ -80,6 +80,10 @@ class Database(ABC):
         away), which waiting may mend, rather than that something was wrong."""
         return False
 
+    def missing(self) -> bool:
+        """Whether opening it would make it: nothing a subscriber wrote is there."""
+        return False
+
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Transaction]:
         """Commit on success, roll back on any error."""
@@ -196,6 +200,9 @@ class SQLiteDatabase(Database):
 
     def describe(self) -> str:
         return str(self.path)
+
+    def missing(self) -> bool:
+        return not self.path.exists()
 
     async def open(self) -> None:
         if self._connection is not None:

@@ -36,7 +36,7 @@ from .parked_topic import parked_key, replay_key
 from .parking import ParkedEvent, ParkStatus
 from .routing import Router
 from .sinks import Fenced
-from .stores import Stores, group_id
+from .stores import DatabaseMissing, Stores, group_id
 from .worker import resolve_parked
 
 FENCED_ATTEMPTS = 5  # a member that starts its partition again meanwhile fences the tool in turn
@@ -61,6 +61,7 @@ class SubscriptionStatus:
     name: str
     kind: str
     partitions: list[PartitionStatus]
+    not_started: str | None = None  # why nothing is counted as handled: no database yet
 
     @property
     def lag(self) -> int:
@@ -94,7 +95,7 @@ class SubscriptionOperations:
         consumer = AIOKafkaConsumer(**client_options(self.settings), group_id=stores.group_id, enable_auto_commit=False)
         await consumer.start()
         try:
-            await stores.open(consumer)
+            await stores.open(consumer, make_database=False)
             yield stores
         finally:
             await stores.close()
@@ -110,17 +111,24 @@ class SubscriptionOperations:
         tps = await all_partitions(self.settings, self.router.topics)
         # the committed offsets first: the ends read after them are at or past them, where
         # ends read first could be behind a member's later commit ("next 1185, end 1183")
-        committed = await self.committed()
+        not_started = None
+        try:
+            committed = await self.committed()
+        except DatabaseMissing as missing:  # nothing handled: the whole topics behind, none parked
+            committed, not_started = {}, str(missing)
         beginning, end, _ = await partition_offsets(self.settings, tps)
-        async with self._stores() as stores:
-            parked = await stores.parked_counts(tps)
+        if not_started is None:
+            async with self._stores() as stores:
+                parked = await stores.parked_counts(tps)
+        else:
+            parked = dict.fromkeys(tps, 0)
         partitions = [
             PartitionStatus(
                 tp.topic, tp.partition, committed.get(tp), end[tp], max(0, end[tp] - committed.get(tp, beginning[tp])), parked[tp]
             )
             for tp in sorted(tps)
         ]
-        return SubscriptionStatus(self.subscription.name, self.subscription.kind.value, partitions)
+        return SubscriptionStatus(self.subscription.name, self.subscription.kind.value, partitions, not_started)
 
     async def parked(self, include_resolved: bool = False) -> list[ParkedEvent]:
         async with self._stores() as stores:

@@ -41,6 +41,16 @@ class DatabaseUnreachable(Exception):
         super().__init__(f"its database {self.where} does not answer ({one_line(cause)})")
 
 
+class DatabaseMissing(Exception):
+    """A command-line tool found no database where the subscriber would have written one."""
+
+    def __init__(self, database: Database, settings: Settings) -> None:
+        super().__init__(
+            f"no database at {database.describe()}: its subscriber has not run with "
+            f"ESK_SUBSCRIBER__DATA_DIR={settings.subscriber.data_dir} (run this where it runs, with its settings)"
+        )
+
+
 class Stores:
     """Open it (inside the running loop) with the consumer whose group holds the Kafka kinds'
     offsets: the subscriber's own member, or for a command-line tool one that is in no group
@@ -56,11 +66,15 @@ class Stores:
         self._producer: AIOKafkaProducer | None = None
         self._consumer: AIOKafkaConsumer | None = None
 
-    async def open(self, consumer: AIOKafkaConsumer) -> None:
+    async def open(self, consumer: AIOKafkaConsumer, *, make_database: bool = True) -> None:
+        """`make_database`: False for a tool that reads what the subscriber wrote, which a
+        database made empty would only hide (a wrong data directory read as nothing done)."""
         self._consumer = consumer
         subscription = self.subscription
         if isinstance(subscription, DatabaseHandler):
             database = database_of(self.settings, subscription)
+            if not make_database and database.missing():
+                raise DatabaseMissing(database, self.settings)
             try:
                 await prepare(database, subscription)
             except Exception as error:
