@@ -481,6 +481,7 @@ def _integer(bits: int) -> Schema:
 # converts filters (projections/reader.py); a column of another type is not filterable.
 _FILTER_TYPES: tuple[tuple[tuple[str, ...], Schema], ...] = (
     (("string", "varchar", "char"), {"type": "string"}),
+    (("boolean", "bool"), {"type": "boolean"}),
     (("tinyint", "byte"), _integer(8)),
     (("smallint", "short"), _integer(16)),
     (("int", "integer"), _integer(32)),

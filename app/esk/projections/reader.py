@@ -107,6 +107,8 @@ def read_rows(tables: Tables, model: ReadModel, filters: dict[str, str], limit: 
 
 def _convert(column: str, raw: str, arrow_type: Any, pa: Any) -> Any:
     try:
+        if pa.types.is_boolean(arrow_type):
+            return {"true": True, "false": False}[raw]  # as JSON writes them, and the rows show them
         if pa.types.is_integer(arrow_type):
             return pa.scalar(int(raw), type=arrow_type)  # one the column cannot hold is refused (OverflowError)
         if pa.types.is_floating(arrow_type):
@@ -120,9 +122,12 @@ def _convert(column: str, raw: str, arrow_type: Any, pa: Any) -> Any:
             # A TIMESTAMP is an instant, kept in UTC: a value without an offset is read as UTC
             # (the sessions' time zone), as the rows show them
             return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
-    except (ValueError, OverflowError):  # pyarrow's ArrowInvalid is a ValueError
+    except (ValueError, OverflowError, KeyError):  # pyarrow's ArrowInvalid is a ValueError
         raise BadFilter(f"{column}: {raw!r} is not a valid {arrow_type}") from None
-    return raw
+    if pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type) or pa.types.is_string_view(arrow_type):
+        return raw
+    # as /openapi.json states: no filter on it (pyarrow could not compare a string with it)
+    raise BadFilter(f"{column} is a {arrow_type} column: rows are not filtered on one")
 
 
 def _jsonable(row: dict[str, Any]) -> dict[str, Any]:
