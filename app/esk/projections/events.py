@@ -214,13 +214,25 @@ def older_version(settings: Settings, categories: tuple[str, ...]) -> Column | N
 
 
 def _older(registry: Registry, categories: tuple[str, ...]) -> Column:
+    return F.col("schema_version") < _current_version(registry, categories)
+
+
+def newer_version(settings: Settings, categories: tuple[str, ...]) -> Column:
+    """True on the rows of an event type's schema version newer than the code's: written by
+    newer code (a processor released before the read models), which this code would read
+    wrongly, its new fields null and its renamed ones missing. Null on types it does not know."""
+    return F.col("schema_version") > _current_version(load_registry(settings.domain), categories)
+
+
+def _current_version(registry: Registry, categories: tuple[str, ...]) -> Column:
+    """The code's schema version of each row's event type."""
     current = {
         f"{name}/{event.type_name()}": event.schema_version
         for name in categories
         for event in registry[name].events
     }
     current_version = F.create_map(*[x for k, v in current.items() for x in (F.lit(k), F.lit(v))])
-    return F.col("schema_version") < current_version[F.concat_ws("/", "aggregate_type", "type")]
+    return current_version[F.concat_ws("/", "aggregate_type", "type")]
 
 
 def _upcast_udf(domain: str) -> Any:

@@ -41,7 +41,7 @@ from ..processes import set_from_signal_handler
 from ..registry import load_registry
 from ..settings import Settings
 from .catalog import BatchWriter, PlanCheck, PlanEnds, Probe, Projection, ReadModel, ReadModelMistake, Tables, session_conf
-from .events import decode, event_stream, no_events, older_version, reading, upcast
+from .events import decode, event_stream, newer_version, no_events, older_version, reading, upcast
 from .parking import ParkedAggregate, find_parked, held_back
 from .run_lock import GRACE_S, GenerationBusy, GenerationLock
 from .session import spark_session, task_failures_untold
@@ -292,6 +292,8 @@ def _keep(
     catching_up.set()
     categories = projection.model.categories
     older = older_version(settings, categories)
+    newer = newer_version(settings, categories)
+    newer_than_code: list[EventsNewerThanCode] = []  # told by the run, not inside Spark's error
     parking = tables.parked(name, generation)
     parked = parking.load()
 
@@ -321,7 +323,9 @@ def _keep(
             decoded = decode(kept)
             if parked:  # before the upcasting too, which may be what fails on them
                 decoded = decoded.filter(~held_back(parked))
-            count, stale = _counts(kept, decoded, older)
+            count, stale, ahead = _counts(decoded, older, newer)
+            if ahead:
+                refuse_newer(decoded, batch_id)
             for_batch = partial(BatchWriter, spark, app_id, batch_id, str(path), count <= settings.projections.driver_write_max_events,
                                 schema, count)
             writer = for_batch()
@@ -360,6 +364,35 @@ def _keep(
         log.info(
             f"{name} g{generation} batch {batch_id}: {count:,} events, {rows:,} rows written in {time.perf_counter() - started:.2f}s"
         )
+
+    def refuse_newer(events: DataFrame, batch_id: int) -> None:
+        """A batch with events newer than this code fails, and nothing of it is written:
+        this code would read them wrongly and leave its rows wrong for good. The run then
+        waits for code that knows them (`stand_still`), or fails in a line."""
+        found = events.filter(newer).groupBy("aggregate_type", "type", "schema_version").count().collect()
+        registry = load_registry(settings.domain)
+        told = ", ".join(
+            f"{r['aggregate_type']} {r['type']} v{r['schema_version']} ({r['count']:,}; this code knows "
+            f"v{registry[r['aggregate_type']].event_type(r['type']).schema_version})"
+            for r in sorted(found, key=lambda r: (r["aggregate_type"], r["type"], r["schema_version"]))
+        )
+        newer_than_code.append(EventsNewerThanCode(
+            f"{name} g{generation} batch {batch_id} holds events of schema versions newer than this code knows: {told}"
+        ))  # fmt: skip
+        raise newer_than_code[-1]
+
+    def stand_still(refused: EventsNewerThanCode) -> RunSummary:
+        """A continuous run's: no query, until a stop (the next start, with the code that
+        knows them, takes the batch from there); a one-shot run's failure."""
+        if not continuous:
+            raise EventsNewerThanCode(f"{refused}: run it with the code that wrote them (the domain's release)") from None
+        told_at = time.monotonic()
+        log.warning(f"{refused}: it stands still until it runs with the code that knows them (release the read models with the domain)")
+        while not stop.asked.wait(POLL_S):
+            if time.monotonic() - told_at >= LOCK_REPORT_EVERY_S:
+                log.warning(f"{refused}: still standing still, for the code that knows them")
+                told_at = time.monotonic()
+        return summary
 
     def apply(events: DataFrame, writer: BatchWriter) -> int:
         if not writer.on_driver:
@@ -437,6 +470,8 @@ def _keep(
                 pass
         except BaseException:  # a caller's Ctrl-C, or the query's failure: no query outlives the run's lock (_stop)
             _stop(watched.query, name)
+            if newer_than_code:
+                return stand_still(newer_than_code[-1])
             raise
         if watched.failed:  # a stop was asked during an outage
             return summary
@@ -484,6 +519,10 @@ def _keep(
                     retired = time.monotonic()
         except KeyboardInterrupt:  # a caller's Ctrl-C (the CLI's signals only ask)
             pass
+        except CapturedException:
+            if not newer_than_code:
+                raise
+            return stand_still(newer_than_code[-1])
         finally:
             if not watched.failed:  # a failed query has nothing to stop
                 _stop_between_batches(watched.query, stop, name)
@@ -498,6 +537,8 @@ class RunFailed(Exception):
     def __init__(self, name: str, error: BaseException, others: Sequence[RunSummary] = ()) -> None:
         if isinstance(error, (GenerationBusy, ReadModelInvalid, BuiltByOtherCode)):
             message = f"{name}: {error}"
+        elif isinstance(error, EventsNewerThanCode):
+            message = str(error)
         elif isinstance(error, ReadModelChanged):
             message = (
                 f"{name}: {error}: rebuild that read model alone (`esk project run {name} --rebuild`, or the "
@@ -517,7 +558,7 @@ class RunFailed(Exception):
     def told_in_a_line(self) -> bool:
         """Whether its message says all there is: a mistake of the user's or a run's
         situation, not a failure whose traceback the driver's log wants."""
-        return isinstance(self.error, (GenerationBusy, ReadModelInvalid, BuiltByOtherCode, ReadModelChanged))
+        return isinstance(self.error, (GenerationBusy, ReadModelInvalid, BuiltByOtherCode, ReadModelChanged, EventsNewerThanCode))
 
 
 def _in_a_line(error: BaseException) -> str:
@@ -901,16 +942,21 @@ INTERRUPTED_BY_STOP = "py4j.protocol.Py4JJavaError: An error occurred while call
 _JAVA_INTERRUPTIONS = {"java.lang.InterruptedException", "java.io.InterruptedIOException", "java.nio.channels.ClosedByInterruptException"}
 
 
+class EventsNewerThanCode(Exception):
+    """A one-shot run's batch holds events of schema versions newer than its code knows."""
+
+
 class BatchInterrupted(Exception):
     """A batch cut short by a stop (`_stop_between_batches`): it runs again at the next start."""
 
 
 class _NotLoggedWhenInterrupted(logging.Filter):
     """py4j logs every error of a Python function the JVM calls, traceback and all: a batch
-    cut short by a stop is not one."""
+    cut short by a stop is not one, nor one refused for events newer than the code (the
+    run tells that in a line)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.exc_info and isinstance(record.exc_info[1], BatchInterrupted))
+        return not (record.exc_info and isinstance(record.exc_info[1], (BatchInterrupted, EventsNewerThanCode)))
 
 
 _PY4J_FILTER = _NotLoggedWhenInterrupted()
@@ -1139,14 +1185,12 @@ def _compact(path: str) -> None:
     DeltaTable(path).optimize.compact()
 
 
-def _counts(records: DataFrame, events: DataFrame, older: Column | None) -> tuple[int, int]:
-    """The batch's events, and those of an older schema version, in one pass; the records
-    are decoded only when the read model's types have older versions to look for."""
-    if older is None:
-        return records.count(), 0
-    row = events.agg(F.count(F.lit(1)), F.count_if(older)).first()
+def _counts(events: DataFrame, older: Column | None, newer: Column) -> tuple[int, int, int]:
+    """The batch's events, those of an older schema version and those of a newer one, in
+    one pass."""
+    row = events.agg(F.count(F.lit(1)), F.count_if(older) if older is not None else F.lit(0), F.count_if(newer)).first()
     assert row is not None, "an aggregate without grouping has one row"
-    return int(row[0]), int(row[1])
+    return int(row[0]), int(row[1]), int(row[2])
 
 
 def _lag(progress: dict[str, Any] | None) -> dict[str, int]:
