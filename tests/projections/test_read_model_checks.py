@@ -105,6 +105,25 @@ def test_a_mistake_in_apply_is_told_in_a_line(spark: SparkSession, tmp_path: Pat
     assert str(RunFailed("counter_totals", refused.value)).startswith(f"counter_totals: {error}")
 
 
+@pytest.mark.parametrize(
+    ("columns", "model", "error"),
+    [
+        ("counter_id STRING, total BIGNT", {}, "its columns 'counter_id STRING, total BIGNT' do not parse: [UNSUPPORTED_DATATYPE]"),
+        (COLUMNS, {"order_by": ("counterid",)}, "its order_by names counterid, which its columns (counter_id, total, version) do not have"),
+        (COLUMNS, {"partition_by": ("totl",)}, "its partition_by names totl, which its columns (counter_id, total, version) do not have"),
+    ],
+    ids=["a type misspelt", "an order by a column it does not have", "a partitioning by one"],
+)
+def test_a_mistake_in_the_declared_table_is_told_in_a_line(spark: SparkSession, columns: str, model: dict[str, Any], error: str) -> None:
+    """Before any run: a driver that leaves out what cannot run leaves these out too (they
+    stopped every read model of esk dev's driver), and a read of the API would otherwise
+    be a 503 naming neither the read model nor its setting."""
+    projection = esk.Projection(esk.ReadModel("counter_totals", (counters,), "totals", **model), columns, lambda events, writer: 0)
+    with pytest.raises(ReadModelInvalid) as refused:
+        runner._table_schema(spark, projection)
+    assert str(refused.value).startswith(error) and "\n" not in str(refused.value), str(refused.value)
+
+
 def test_a_read_model_of_a_type_the_domain_does_not_register_is_refused() -> None:
     settings = Settings(_env_file=None).model_copy(update={"domain": "tests.counters:AGGREGATES"})
     _check_reads(settings, _projection(lambda events, writer: 0))

@@ -208,7 +208,7 @@ def _built_otherwise(spark: SparkSession, tables: Tables, projection: Projection
     table = _delta_table(tables.path(model.name, generation))
     if table is None:  # nothing built yet to differ
         return False
-    built = _as_built(table, spark.createDataFrame([], projection.columns).schema, model)
+    built = _as_built(table, _table_schema(spark, projection), model)
     # built by newer code than this run's: refused, not built back
     if not built.changes or built.version > model.version:
         return False
@@ -279,7 +279,7 @@ def _keep(
         spark.conf.set(key, value)
     spark.conf.set("spark.sql.streaming.stopTimeout", str(int(QUERY_STOP_TIMEOUT_S * 1000)))
     path = tables.path(name, generation)
-    schema = spark.createDataFrame([], projection.columns).schema
+    schema = _table_schema(spark, projection)
     _create_table(spark, path, tables.checkpoint(name, generation), schema, projection.model, not held.building)
     app_id = f"esk.{settings.app}.{name}.g{generation}"
     _check_plan(spark, projection, app_id, path, schema)
@@ -737,6 +737,20 @@ def _check_reads(settings: Settings, projection: Projection) -> None:
                 f"it reads {aggregate_type.name}, which ESK_DOMAIN={settings.domain} does not register: "
                 "register it there, or take it out of the ReadModel's reads"
             )
+
+
+def _table_schema(spark: SparkSession, projection: Projection) -> StructType:
+    """The table's columns as the read model declares them, and the columns it orders and
+    partitions by among them; ReadModelInvalid, in a line, when not."""
+    model = projection.model
+    try:
+        schema = spark.createDataFrame([], projection.columns).schema
+    except AnalysisException as error:  # ParseException among them: a type misspelt
+        raise ReadModelInvalid(f"its columns {projection.columns!r} do not parse: {_first_line(error.getMessage())}") from None
+    for setting, named in (("order_by", [c.lstrip("-") for c in model.order_by]), ("partition_by", list(model.partition_by))):
+        if missing := [c for c in named if c not in schema.names]:
+            raise ReadModelInvalid(f"its {setting} names {', '.join(missing)}, which its columns ({', '.join(schema.names)}) do not have")
+    return schema
 
 
 def _check_plan(spark: SparkSession, projection: Projection, app_id: str, path: Path, schema: StructType) -> None:
