@@ -22,7 +22,7 @@ import esk
 from domain.accounts import Deposited, accounts
 from esk.broker.ports import free_port
 from esk.projections import runner
-from esk.projections.catalog import Tables
+from esk.projections.catalog import ReadModelMistake, Tables
 from esk.projections.runner import STALL_CHECK_S, ReadModelInvalid, RunFailed, _check_plan, _check_reads, _kafka_cause
 from esk.settings import Settings
 from projections.read_models import READ_MODELS
@@ -206,6 +206,7 @@ def test_a_batchs_failure_is_told_by_the_read_models_own_exception() -> None:
     told = str(RunFailed("ticket_board", RuntimeError(spark_said)))
     assert told.startswith("ticket_board failed: ValueError: no such status: reopened (in a batch: [STREAM_FAILED] Query [id = 7")
     assert "\n" not in told and len(told) < 300
+    assert told.endswith(" Reason: An exception was …)"), told  # cut between words, and said to be
     assert str(RunFailed("ticket_board", OSError(28, "No space left on device"))) == "ticket_board failed: OSError: [Errno 28] No space left on device"
     udf = "An exception was thrown from the Python worker. Please see the stack trace below.\nTraceback (most recent call last):\n  ...\nValueError: kaboom\n"
     assert str(RunFailed("ticket_board", RuntimeError(udf))) == (
@@ -219,6 +220,16 @@ def test_a_batchs_failure_is_told_by_the_read_models_own_exception() -> None:
     )
     java = "An error occurred while calling o123.save.\n: java.io.IOException: No space left on device SQLSTATE: 58030\n\tat ..."
     assert str(RunFailed("ticket_board", RuntimeError(java))) == "ticket_board failed: java.io.IOException: No space left on device"
+
+
+@pytest.mark.parametrize("returned", [None, "3", True, 2.0])
+def test_an_apply_that_returns_no_count_of_rows_is_told_so(returned: object) -> None:
+    with pytest.raises(ReadModelMistake) as told:
+        runner._rows_written("board", returned)
+    assert str(told.value) == (
+        f"board's apply returned {type(returned).__name__}, not the rows it wrote: return what its writer's merge or append returns"
+    )
+    assert runner._rows_written("board", 7) == 7
 
 
 def test_a_broker_away_is_told_by_the_kafka_clients_own_line() -> None:

@@ -397,12 +397,12 @@ def _keep(
     def apply(events: DataFrame, writer: BatchWriter) -> int:
         if not writer.on_driver:
             with reading(name, projection.model.reads):
-                return projection.apply(events, writer)
+                return _rows_written(name, projection.apply(events, writer))
         # One partition, its shuffles too: each partition is a task to schedule, and adaptive
         # execution, which would merge near-empty shuffle partitions, is off in a streaming
         # query's batches.
         with session_conf(events.sparkSession, {"spark.sql.shuffle.partitions": "1"}), reading(name, projection.model.reads):
-            return projection.apply(events.coalesce(1), writer)
+            return _rows_written(name, projection.apply(events.coalesce(1), writer))
 
     def park(events: DataFrame, batch_id: int, writer: BatchWriter, error: Exception) -> list[ParkedAggregate]:
         """The aggregates that the batch, failed with `error` (`writer`'s), holds back from
@@ -561,6 +561,9 @@ class RunFailed(Exception):
         return isinstance(self.error, (GenerationBusy, ReadModelInvalid, BuiltByOtherCode, ReadModelChanged, EventsNewerThanCode))
 
 
+_WHERE_MAX = 200  # characters of Spark's word on where a batch failed
+
+
 def _in_a_line(error: BaseException) -> str:
     """What failed, in a line. A batch's failure comes wrapped in Spark's (the query's, then
     its foreachBatch function's), with the read model's own exception at the end of a
@@ -572,7 +575,9 @@ def _in_a_line(error: BaseException) -> str:
         if raised:
             # The first line may point at a stack trace that a line of its own leaves out.
             where = text.splitlines()[0].replace(" Please see the stack trace below.", "")
-            return f"{raised[0]} (in a batch: {where[:200]})"
+            if len(where) > _WHERE_MAX:  # cut between words, and said to be cut
+                where = where[:_WHERE_MAX].rsplit(" ", 1)[0] + " …"
+            return f"{raised[0]} (in a batch: {where})"
     lines = text.splitlines()
     if len(lines) > 1 and lines[0].startswith("An error occurred while calling"):  # py4j's: the Java error follows
         return _first_line(lines[1].lstrip(": "))
@@ -722,6 +727,15 @@ def _print_summaries(summaries: Sequence[RunSummary], console: Console) -> None:
         )
         if not summary.caught_up:
             console.print(f"{summary.name}: stopped before it caught up; readers stay where they were", highlight=False)
+
+
+def _rows_written(name: str, rows: object) -> int:
+    """What a read model's apply returned, once it is the count of rows it wrote."""
+    if isinstance(rows, int) and not isinstance(rows, bool):
+        return rows
+    raise ReadModelMistake(
+        f"{name}'s apply returned {type(rows).__name__}, not the rows it wrote: return what its writer's merge or append returns"
+    )
 
 
 class ReadModelInvalid(Exception):
