@@ -196,6 +196,9 @@ async def test_projections_equal_their_python_references(settings: Settings, spa
         assert r.status_code == 200
         rows = r.json()["rows"]
         assert [row["order_id"] for row in rows] == [o[0] for o in reference_customer_recent_orders(orders)["cust-0"]]
+        assert r.json()["more"] is False and len(rows) > 1
+        r = await s.client.get("/v1/projections/customer_recent_orders", params={"customer_id": "cust-0", "limit": 1})
+        assert (r.json()["count"], r.json()["more"]) == (1, True)  # the limit cut some: said so
         r = await s.client.get("/v1/projections/account_balances", params={"account_id": "acc-0"})
         assert r.json()["rows"][0]["status"] == "closed"
         r = await s.client.get("/v1/projections/daily_order_totals", params={"orders": "abc"})

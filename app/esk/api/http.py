@@ -211,8 +211,9 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
             positions = await after.reflected(name, read_model_positions, settled=lambda: not not_built)
         except Problem as problem:
             raise await _who_keeps(name, not_built[0] if not_built else problem) from None
-        rows = await _read_model(name, filters, row_limit)
-        return json_response({"name": name, "rows": rows, "count": len(rows), "positions": positions_json(positions)})
+        rows = await _read_model(name, filters, row_limit + 1)  # one more: whether the limit cut any
+        more, rows = len(rows) > row_limit, rows[:row_limit]
+        return json_response({"name": name, "rows": rows, "count": len(rows), "more": more, "positions": positions_json(positions)})
 
     @router.get("/v1/{type_name}/{id}/events")
     async def get_history(

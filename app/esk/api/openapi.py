@@ -546,6 +546,7 @@ def _projection_operation(projection: Projection, row_limit: int, topics: TopicN
         "name": {"type": "string", "enum": [model.name]},
         "rows": {"type": "array", "items": row},
         "count": _count(),
+        "more": {"type": "boolean", "description": "Whether more rows match than the limit let through"},
         "positions": {"type": "array", "items": _ref("Position"), "description": "What the rows reflect"},
     })
     order = f", ordered by {', '.join(model.order_by)}" if model.order_by else ""
