@@ -926,7 +926,8 @@ def print_rows(columns: list[str], rows: list[list[Any]], output: str) -> None:
     if output == "csv":
         writer = csv.writer(sys.stdout)
         writer.writerow(columns)
-        writer.writerows(rows)
+        # booleans as JSON and SQL write them, not as Python does
+        writer.writerows([[str(v).lower() if isinstance(v, bool) else v for v in row] for row in rows])
     elif output == "json":
         for row in rows:
             sys.stdout.write(orjson.dumps(dict(zip(columns, row, strict=True)), default=str).decode() + "\n")

@@ -83,6 +83,9 @@ async def test_ids_keys_and_numbers_are_taken_as_the_document_states_them(settin
 
         r = await c.get("/v1/projections/account_balances", params={"limit": 0})
         assert r.status_code == 400 and r.json()["code"] == "invalid_limit"
+        r = await c.get("/v1/projections/account_balances", params=[("account_id", "a1"), ("account_id", "a2")])
+        assert r.status_code == 400 and r.json()["code"] == "invalid_filter", r.text  # it read a2's alone
+        assert r.json()["detail"] == "account_id: given more than once; a filter takes one value"
 
         # HEAD is its GET's headers: an aggregate's ETag without its state
         got, head = await c.get(f"/v1/accounts/{account}"), await c.head(f"/v1/accounts/{account}")

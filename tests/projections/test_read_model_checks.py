@@ -65,7 +65,9 @@ def test_the_example_read_models_and_a_right_one_plan_without_writing(spark: Spa
     ("apply", "error"),
     [
         (
-            lambda events, writer: writer.merge(_counter_rows(events), esk.Merge(on="t.counter_id = s.counter_id", update={"totl": "s.n"})),
+            lambda events, writer: writer.merge(
+                _counter_rows(events), esk.Merge(on="t.counter_id = s.counter_id", update={"totl": "s.n"}, insert={"totl": "s.n"})
+            ),
             "its apply, planned over no events at the run's start, fails: its Merge sets totl, which its table does not have (its columns: counter_id, total, version)",
         ),
         (

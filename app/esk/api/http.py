@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
@@ -188,6 +189,9 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
             raise Problem(400, "invalid_limit", "limit must be >= 1")
         after = ReadAfter.of(request.query_params.getlist("after"), wait_ms, settings.api.read_wait_max_s)
         filters = {k: v for k, v in request.query_params.items() if k not in READ_PARAMETERS}
+        given = Counter(k for k, _ in request.query_params.multi_items() if k not in READ_PARAMETERS)
+        if twice := sorted(k for k, n in given.items() if n > 1):  # which one was meant cannot be told
+            raise Problem(400, "invalid_filter", f"{', '.join(twice)}: given more than once; a filter takes one value")
         row_limit = min(limit or settings.projections.api_row_limit, settings.projections.api_row_limit)
         read = await _guarded(name, lambda: read_models.model(name))
         after.check_topics(name, {names.events(category) for category in read.categories})

@@ -273,7 +273,7 @@ class PlanCheck(BatchWriter):
 
     def _columns_held(self, what: str, columns: Sequence[str]) -> None:
         held = self.columns.fieldNames()
-        if unknown := [column for column in columns if column not in held]:
+        if unknown := list(dict.fromkeys(column for column in columns if column not in held)):  # once each (update and insert)
             raise ReadModelMistake(f"{what} {', '.join(unknown)}, which its table does not have (its columns: {', '.join(held)})")
 
 
