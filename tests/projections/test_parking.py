@@ -9,6 +9,7 @@ import json
 import re
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -369,14 +370,18 @@ async def test_events_newer_than_the_read_models_code_are_not_written_until_code
     tables = Tables(settings.projections.warehouse_dir)
     assert tables.current_generation("lucky_totals") is None  # c1's first two events neither: they share the batch
 
-    stop = StopRequest()
-    continuous = asyncio.create_task(asyncio.to_thread(run, settings, LUCKY, True, spark=spark, stop=stop))
-    for _ in range(600):
-        if "it stands still until it runs with the code that knows them" in runner_said():
-            break
-        await asyncio.sleep(0.5)
-    assert told in runner_said()
-    stop.asked.set()
+    stop, turn = StopRequest(), threading.Lock()
+    continuous = asyncio.create_task(asyncio.to_thread(run, settings, LUCKY, True, spark=spark, stop=stop, catch_up_turn=turn))
+    try:
+        for _ in range(600):
+            if "it stands still until it runs with the code that knows them" in runner_said():
+                break
+            await asyncio.sleep(0.5)
+        assert told in runner_said()
+        assert turn.acquire(blocking=False), "it stands still holding the catch-up turn: the driver's other read models would wait"
+        turn.release()
+    finally:
+        stop.asked.set()  # a run that stands still ends only so
     summary = await asyncio.wait_for(continuous, 120)
     assert summary.batches == 0 and not summary.caught_up
     assert tables.current_generation("lucky_totals") is None

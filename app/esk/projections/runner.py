@@ -84,6 +84,7 @@ STOP_WAIT_S = 20.0
 QUERY_STOP_TIMEOUT_S = 5.0
 # A continuous run waiting for a generation another run keeps says who keeps it this often.
 LOCK_REPORT_EVERY_S = 300.0
+NEWER_REPORT_EVERY_S = 300.0  # how often a run waiting for code that knows newer events says so again
 # Every batch adds files, whichever writer wrote it: the runner compacts them (delta-rs, in
 # the batch, so never beside a write) every so many batches. Spark's auto compaction would
 # follow Spark's writes only, and rewrote a catch-up's first write at once.
@@ -389,7 +390,7 @@ def _keep(
         told_at = time.monotonic()
         log.warning(f"{refused}: it stands still until it runs with the code that knows them (release the read models with the domain)")
         while not stop.asked.wait(POLL_S):
-            if time.monotonic() - told_at >= LOCK_REPORT_EVERY_S:
+            if time.monotonic() - told_at >= NEWER_REPORT_EVERY_S:
                 log.warning(f"{refused}: still standing still, for the code that knows them")
                 told_at = time.monotonic()
         return summary
@@ -470,15 +471,17 @@ def _keep(
                 pass
         except BaseException:  # a caller's Ctrl-C, or the query's failure: no query outlives the run's lock (_stop)
             _stop(watched.query, name)
-            if newer_than_code:
-                return stand_still(newer_than_code[-1])
-            raise
-        if watched.failed:  # a stop was asked during an outage
-            return summary
-        query = watched.query
-        stopped = query.isActive
-        if stopped:
-            _stop_between_batches(query, stop, name)
+            if not newer_than_code:
+                raise
+        if not newer_than_code:
+            if watched.failed:  # a stop was asked during an outage
+                return summary
+            query = watched.query
+            stopped = query.isActive
+            if stopped:
+                _stop_between_batches(query, stop, name)
+    if newer_than_code:  # out of the catch-up turn: the driver's other read models go on meanwhile
+        return stand_still(newer_than_code[-1])
     catching_up.clear()
     summary.lag = _lag(query.lastProgress)
     if leaving.is_set():
@@ -971,7 +974,7 @@ _JAVA_INTERRUPTIONS = {"java.lang.InterruptedException", "java.io.InterruptedIOE
 
 
 class EventsNewerThanCode(Exception):
-    """A one-shot run's batch holds events of schema versions newer than its code knows."""
+    """A batch holds events of schema versions newer than the run's code knows."""
 
 
 class BatchInterrupted(Exception):
