@@ -7,8 +7,8 @@ moves as little state as it can: a partition stays with its previous owner; othe
 it goes to the member whose copy is furthest along the changelog; only then to the
 least loaded member, which must restore it. Each partition then gets up to
 `standby_replicas` standbys on other members that keep standbys themselves: an owner's
-partitions on as many members as can be, then the members with the fewest, warm copies
-among equals.
+partitions on as many members as can be, then the members with the fewest, members with
+a copy among equals.
 
 The standby partitions travel to each member in the assignment's user_data; members
 without standby replicas configured simply get none.
@@ -88,22 +88,27 @@ def plan(partitions: Iterable[int], members: Mapping[str, MemberState], standby_
         result[owner[partition]].active.append(partition)
 
     # Only members that run with standby replicas configured keep copies for others. An
-    # owner's partitions get their standbys on as many members as can be: should it fail,
-    # each of those can take one while staying balanced, from its warm copy. Then the
-    # fewest standbys; the warmest copy only among equals, as a copy left on disk (for
-    # STATE_CLEANUP_DELAY_S) would otherwise draw every standby of its partitions.
+    # owner's partitions get their standbys on as many members as can be, so that should it
+    # fail, they move to several members, each with its copy, rather than pile on one. Then
+    # the fewest standbys; a member with a copy only among equals, as a copy left on disk
+    # (for STATE_CLEANUP_DELAY_S) would otherwise draw every standby of its partitions. A
+    # copy counts, not how far along it is: a record's lag would move standbys at every
+    # rebalance, each to be built again.
     keepers = [m for m in ids if members[m].standby_replicas > 0]
 
     def kept_for(keeper: str, partition: int) -> int:
         """How many of the partition's owner's partitions `keeper` keeps already."""
         return sum(1 for p in result[keeper].standby if owner[p] == owner[partition])
 
+    def has_copy(member: str, partition: int) -> bool:
+        return partition in members[member].warm
+
     for partition in ordered:
         others = [m for m in keepers if m != owner[partition]]
-        others.sort(key=lambda m: (kept_for(m, partition), len(result[m].standby), -warmth(m, partition)))
+        others.sort(key=lambda m: (kept_for(m, partition), len(result[m].standby), not has_copy(m, partition)))
         for member in others[:standby_replicas]:
             result[member].standby.append(partition)
-    _even_out_standbys(result, owner, keepers, kept_for, warmth)
+    _even_out_standbys(result, owner, keepers, kept_for, has_copy)
     return result
 
 
@@ -112,7 +117,7 @@ def _even_out_standbys(
     owner: Mapping[int, str],
     keepers: list[str],
     kept_for: Callable[[str, int], int],
-    warmth: Callable[[str, int], int],
+    has_copy: Callable[[str, int], bool],
 ) -> None:
     """Standbys moved from members that keep two more than another to that one, until none
     does or none can move: taking them in partition order, the members that own the
@@ -126,7 +131,7 @@ def _even_out_standbys(
         for giver, taker in pairs:
             movable = [p for p in result[giver].standby if owner[p] != taker and p not in result[taker].standby]
             if movable:
-                moved = min(movable, key=lambda p: (kept_for(taker, p), warmth(giver, p) - warmth(taker, p)))
+                moved = min(movable, key=lambda p: (kept_for(taker, p), not has_copy(taker, p)))
                 result[giver].standby.remove(moved)
                 result[taker].standby.append(moved)
                 break
