@@ -80,6 +80,8 @@ def test_the_subscriptions_commands(settings: Settings, env: dict[str, str], tmp
     assert not data_dir.exists()
     code, out = esk("subscriptions", "parked", "customer_ledger")
     assert code == 1 and "no database at" in out and not data_dir.exists()
+    code, out = esk("subscriptions", "reset", "customer_ledger", "--to", "earliest")  # moves it on before its first run
+    assert code == 0 and (data_dir / "customer_ledger.sqlite").exists(), out
 
     port = free_port()
     subscriber = subprocess.Popen(

@@ -5,6 +5,7 @@ header, upcasting, retries, parking in order, a failing event undone alone."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -247,10 +248,19 @@ def test_a_handler_that_is_not_async_is_refused_where_it_is_registered() -> None
             return []
 
     sub.on(Placed)(Callable())
-    assert Placed in sub.handlers
+
+    async def pay_async(event: Placed, ctx: Context) -> list[Send]:
+        return []
+
+    @functools.wraps(pay_async)
+    def decorated(event: Placed, ctx: Context) -> Any:  # a decorator's plain wrapper of an async def
+        return pay_async(event, ctx)
+
+    sub.on(Shipped)(decorated)
+    assert Placed in sub.handlers and Shipped in sub.handlers
 
 
-@pytest.mark.parametrize("answer", [None, "generator", "one Send"])
+@pytest.mark.parametrize("answer", [None, "generator", "one Send", "a command"])
 async def test_a_reactor_handler_that_answers_no_list_of_send_parks_its_event_at_once(answer: str | None) -> None:
     sub = Reactor("forgetful", reads=[orders])
     send = Send(accounts, "a1", Withdraw(amount=1))
@@ -259,13 +269,17 @@ async def test_a_reactor_handler_that_answers_no_list_of_send_parks_its_event_at
     async def pay(event: Placed, ctx: Context) -> Any:
         if answer == "generator":
             return (s for s in [send])  # would be used up by the check, sending nothing
+        if answer == "a command":
+            return [Withdraw(amount=1)]  # not wrapped in Send
         return send if answer == "one Send" else None  # a `return` forgotten
 
     run = await run_subscription(sub, [("o1", placed()), ("o1", placed())], retries=Retries(attempts=3, first_delay_s=0.01))
     assert run.commands == []
     assert [(p.offset, p.attempts) for p in run.parked] == [(0, 1), (1, 0)]  # no retry: the same code answers the same
-    told = {None: "None", "generator": "a generator", "one Send": "a Send"}[answer]
-    assert run.parked[0].reason == f"HandlerMistake: a reactor handler returns a list of Send (`[]` for none), not {told}"
+    told = {
+        None: ", not None", "generator": ", not generator", "one Send": ", not Send", "a command": "; it held Withdraw(amount=1)"
+    }[answer]
+    assert run.parked[0].reason == f"HandlerMistake: a reactor handler returns a list of Send (`[]` for none){told}"
 
 
 class PlacedNewer(Placed):

@@ -243,8 +243,10 @@ AnySubscription = Subscription[Any, Any]
 
 
 def _awaitable(handler: H, what: str) -> H:
-    """`handler`, once it is known to be an `async def` (or a callable whose `__call__` is):
-    a plain `def` would fail every event it is given, each retried and then parked."""
-    if inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(type(handler).__call__):
+    """`handler`, once it is known to be an `async def`, or a decorator's wrapper of one
+    (`functools.wraps`), or a callable whose `__call__` is: a plain `def` would fail every
+    event it is given, each retried and then parked."""
+    unwrapped = inspect.unwrap(handler)
+    if inspect.iscoroutinefunction(unwrapped) or inspect.iscoroutinefunction(type(unwrapped).__call__):
         return handler
     raise TypeError(f"{what} must be an `async def`, not {handler!r}")

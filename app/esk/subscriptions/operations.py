@@ -89,13 +89,15 @@ class SubscriptionOperations:
         self.router = Router(subscription, registry, settings.app)
 
     @asynccontextmanager
-    async def _stores(self) -> AsyncIterator[Stores]:
+    async def _stores(self, make_database: bool = False) -> AsyncIterator[Stores]:
+        """The subscription's stores; a database handler's database only where its
+        subscriber made one, unless `make_database` (a reset before its first run)."""
         stores = Stores(self.settings, self.subscription, self.router)
         # In the group's name but never in the group: it reads committed offsets, it does not join.
         consumer = AIOKafkaConsumer(**client_options(self.settings), group_id=stores.group_id, enable_auto_commit=False)
         await consumer.start()
         try:
-            await stores.open(consumer, make_database=False)
+            await stores.open(consumer, make_database=make_database)
             yield stores
         finally:
             await stores.close()
@@ -216,7 +218,8 @@ class SubscriptionOperations:
 
     async def _reset_database(self, offsets: dict[TopicPartition, int], clear: bool) -> None:
         assert isinstance(self.subscription, DatabaseHandler)
-        async with self._stores() as stores, _transaction(stores) as tx:
+        # before its first run too: it starts from there (product.md)
+        async with self._stores(make_database=True) as stores, _transaction(stores) as tx:
             if clear and self.subscription.on_reset is not None:
                 await self.subscription.on_reset(tx.sql)
             await rewind(tx.esk, self.subscription.name, offsets)

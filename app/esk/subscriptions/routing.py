@@ -16,6 +16,7 @@ seen with its first outcome.
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -212,8 +213,10 @@ async def reactor_commands(subscription: str, delivery: Delivery, replaying: boo
     """Run a reactor's handler; return its commands, each with its derived id."""
     sends = await call_handler(delivery, subscription, replaying)
     # None too: a `return` forgotten on one path would drop its commands without a word.
-    if not isinstance(sends, Sequence) or isinstance(sends, str) or not all(isinstance(s, Send) for s in sends):
-        raise HandlerMistake(f"a reactor handler returns a list of Send (`[]` for none), not {'None' if sends is None else 'a ' + type(sends).__name__}")
+    if not isinstance(sends, Sequence) or isinstance(sends, str):
+        raise HandlerMistake(f"a reactor handler returns a list of Send (`[]` for none), not {'None' if sends is None else type(sends).__name__}")
+    if strays := [s for s in sends if not isinstance(s, Send)]:  # a command not wrapped in Send, most often
+        raise HandlerMistake(f"a reactor handler returns a list of Send (`[]` for none); it held {reprlib.repr(strays[0])}")
     return [(derived_command_id(subscription, delivery.source_id, n), send) for n, send in enumerate(sends)]
 
 

@@ -44,10 +44,12 @@ class DatabaseUnreachable(Exception):
 class DatabaseMissing(Exception):
     """A command-line tool found no database where the subscriber would have written one."""
 
-    def __init__(self, database: Database, settings: Settings) -> None:
+    def __init__(self, database: Database, subscription: DatabaseHandler, settings: Settings) -> None:
+        # the data directory is where the database is only when the subscription names none
+        in_data_dir = subscription.database is None or getattr(subscription.database, "path", "") is None
+        setting = f"ESK_SUBSCRIBER__DATA_DIR={settings.subscriber.data_dir}" if in_data_dir else "these settings"
         super().__init__(
-            f"no database at {database.describe()}: its subscriber has not run with "
-            f"ESK_SUBSCRIBER__DATA_DIR={settings.subscriber.data_dir} (run this where it runs, with its settings)"
+            f"no database at {database.describe()}: its subscriber has not run with {setting} (run this where it runs, with its settings)"
         )
 
 
@@ -74,7 +76,7 @@ class Stores:
         if isinstance(subscription, DatabaseHandler):
             database = database_of(self.settings, subscription)
             if not make_database and database.missing():
-                raise DatabaseMissing(database, self.settings)
+                raise DatabaseMissing(database, subscription, self.settings)
             try:
                 await prepare(database, subscription)
             except Exception as error:
