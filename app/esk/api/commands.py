@@ -352,12 +352,14 @@ _ONE_VALUE = {
     "x-correlation-id": (400, "invalid_trace_id"),
     "x-causation-id": (400, "invalid_trace_id"),
     "content-type": (415, "unsupported_media_type"),
+    "content-encoding": (415, "unsupported_media_type"),
 }
 
 
 def request_headers(scope: Scope) -> dict[str, str]:
-    """The request's headers by lower-case name (the first of repeated ones), looked up
-    once: a Starlette `Headers.get` scans the whole list on every call."""
+    """The request's headers by lower-case name, looked up once (a Starlette `Headers.get`
+    scans the whole list on every call): the first of repeated ones, but a header a command
+    takes one value of, given twice, is a Problem."""
     headers: dict[str, str] = {}
     for raw_name, raw_value in scope["headers"]:
         name = raw_name.decode("latin-1")
@@ -401,11 +403,11 @@ async def read_json(headers: Mapping[str, str], receive: Receive, limit: int) ->
         payload = orjson.loads(body)
     except orjson.JSONDecodeError as error:
         raise Problem(400, "malformed_json", f"the body is not valid JSON: {error}") from None
-    if (twice := _name_given_twice(body)) is not None:
-        raise Problem(400, "malformed_json", f"the body gives {twice!r} twice in one object: which one was meant cannot be told")
     if not isinstance(payload, dict):
         raise Problem(422, "invalid_payload", "the body must be a JSON object")
-    numbers: dict[str, Any] = _json_numbers(payload)
+    numbers: dict[str, Any] = _json_numbers(payload)  # first: it refuses what nests too deep for the look below
+    if (twice := _name_given_twice(body)) is not None:
+        raise Problem(400, "malformed_json", f"the body gives {twice!r} twice in one object: which one was meant cannot be told")
     return numbers
 
 
@@ -453,25 +455,30 @@ def _name_given_twice(body: bytes | bytearray) -> str | None:
     if body.count(b":") < 2:  # each name is followed by one: no two names
         return None
     try:
-        _PAIRS.decode(body.decode())  # UTF-8: orjson read it
+        _PAIRS.decode(body.decode())  # UTF-8: orjson read it; nested no deeper than MAX_DEPTH
     except _GivenTwice as twice:
         return str(twice)
-    except RecursionError:  # orjson reads deeper: no command's payload nests so
-        raise Problem(400, "malformed_json", "the body nests its arrays and objects too deep") from None
     return None
 
 
-def _json_numbers(value: Any) -> Any:
+# Arrays and objects a command's body may nest: far past any payload model's, well within
+# what Python's parsers and esk's walks of it recurse through (orjson reads 1,024).
+MAX_DEPTH = 64
+
+
+def _json_numbers(value: Any, depth: int = 0) -> Any:
     """`value` with its numbers as JSON Schema and esk's records read them: a whole number
     within 64 bits is an int (5.0 is the integer 5), any other number a float. Strict
     validation then takes an integer field as the document states it (format int64), and a
-    float field as ever."""
+    float field as ever. Nested deeper than MAX_DEPTH: 400."""
     if isinstance(value, float):
         return int(value) if value.is_integer() and _INT64_MIN <= value < _INT64_END else value
     if isinstance(value, int) and not isinstance(value, bool):
         return value if _INT64_MIN <= value < _INT64_END else float(value)
+    if isinstance(value, (dict, list)) and depth >= MAX_DEPTH:
+        raise Problem(400, "malformed_json", f"the body nests its arrays and objects deeper than {MAX_DEPTH} levels")
     if isinstance(value, dict):
-        return {key: _json_numbers(item) for key, item in value.items()}
+        return {key: _json_numbers(item, depth + 1) for key, item in value.items()}
     if isinstance(value, list):
-        return [_json_numbers(item) for item in value]
+        return [_json_numbers(item, depth + 1) for item in value]
     return value

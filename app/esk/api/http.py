@@ -82,7 +82,13 @@ class HeadAsGet:
                 message = {"type": "http.response.body", "body": b"", "more_body": False}
             await send(message)
 
-        await self.app({**scope, "method": "GET"}, receive, headers_only)
+        # In place, and put back: what the routes write into the scope (its route, for a
+        # span's name) reaches the middleware outside as for any request.
+        scope["method"] = "GET"
+        try:
+            await self.app(scope, receive, headers_only)
+        finally:
+            scope["method"] = "HEAD"
 
 
 def _fastapi_telemetry(settings: Settings) -> dict[str, Any]:
