@@ -299,8 +299,9 @@ def _told(loc: tuple[int | str, ...], message: str, kind: str, given: Any) -> st
 def _not_json(error: SettingsError) -> str:
     """The variables whose values are read as JSON (lists, mappings) and are not JSON."""
     wrong = []
+    environment = {name.upper(): value for name, value in os.environ.items()}  # as pydantic reads them: any case
     for path in _json_fields(Settings, []):
-        value = os.environ.get(_variable(path))
+        value = environment.get(_variable(path))
         if value is None:
             continue
         try:

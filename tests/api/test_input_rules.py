@@ -86,7 +86,11 @@ async def test_ids_keys_and_numbers_are_taken_as_the_document_states_them(settin
         assert r.status_code == 400 and r.json()["code"] == "invalid_limit"
         r = await c.get("/v1/projections/account_balances", params=[("account_id", "a1"), ("account_id", "a2")])
         assert r.status_code == 400 and r.json()["code"] == "invalid_filter", r.text  # it read a2's alone
-        assert r.json()["detail"] == "account_id: given more than once; a filter takes one value"
+        assert r.json()["detail"] == "account_id: given more than once; it takes one value"
+        for params, code in (([("limit", "1"), ("limit", "5")], "invalid_limit"), ([("wait_ms", "1"), ("wait_ms", "9")], "invalid_wait")):
+            for path in ("/v1/projections/account_balances", f"/v1/accounts/{account}/events"):
+                r = await c.get(path, params=params)
+                assert r.status_code == 400 and r.json()["code"] == code, (path, r.text)  # the last was taken
 
         # HEAD is its GET's headers: an aggregate's ETag without its state
         got, head = await c.get(f"/v1/accounts/{account}"), await c.head(f"/v1/accounts/{account}")

@@ -28,10 +28,11 @@ from esk.settings import SettingsInvalid, read_settings
             "ESK_BROKER__SASL_SSL__KEYSTORE: Field required (ESK_BROKER__SASL_SSL__* sets only INTERNAL_PORT)",
         ),
         ({"ESK_API__AUTH_TOKENS": "t1,t2"}, "ESK_API__AUTH_TOKENS: not JSON"),
+        ({"esk_api__auth_tokens": "t1,t2"}, "ESK_API__AUTH_TOKENS: not JSON"),  # pydantic reads any case
         ({"ESK_BROKER__SASL_SSL__USERS": "esk=secret"}, "ESK_BROKER__SASL_SSL__USERS: not JSON"),
         ({"ESK_BROKER": "localhost"}, "ESK_BROKER: not JSON"),
     ],
-    ids=["integer", "choice", "two at once", "missing beside a misspelt one", "list", "nested mapping", "section"],
+    ids=["integer", "choice", "two at once", "missing beside a misspelt one", "list", "list, lower case", "nested mapping", "section"],
 )
 def test_a_setting_esk_cannot_take_is_named_as_it_was_set(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, variables: dict[str, str], told: str

@@ -63,6 +63,20 @@ register_url_convertor("any_text", _AnyText())
 NO_RUN = "no run keeps it up now (`esk project list` says who keeps each read model; a driver's log, why it stopped)"
 
 
+# The problem of a query parameter given twice (but `after`, a list): which was meant
+# cannot be told, where a framework would take the last.
+_GIVEN_TWICE = {"limit": "invalid_limit", "wait_ms": "invalid_wait", "from_version": "invalid_from_version"}
+
+
+def _given_once(request: Request, others: str | None = None) -> None:
+    """Each parameter given once; `others`: the problem of any other (a read model's filter)."""
+    given = Counter(k for k, _ in request.query_params.multi_items() if k != "after")
+    for name in sorted(k for k, n in given.items() if n > 1):
+        code = _GIVEN_TWICE.get(name, others)
+        if code is not None:
+            raise Problem(400, code, f"{name}: given more than once; it takes one value")
+
+
 class HeadAsGet:
     """HEAD is served as its GET, without the body (FastAPI's routes take GET alone): a
     client asks for an aggregate's ETag, or whether a resource is there, without its body."""
@@ -195,9 +209,7 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
             raise Problem(400, "invalid_limit", "limit must be >= 1")
         after = ReadAfter.of(request.query_params.getlist("after"), wait_ms, settings.api.read_wait_max_s)
         filters = {k: v for k, v in request.query_params.items() if k not in READ_PARAMETERS}
-        given = Counter(k for k, _ in request.query_params.multi_items() if k not in READ_PARAMETERS)
-        if twice := sorted(k for k, n in given.items() if n > 1):  # which one was meant cannot be told
-            raise Problem(400, "invalid_filter", f"{', '.join(twice)}: given more than once; a filter takes one value")
+        _given_once(request, others="invalid_filter")
         row_limit = min(limit or settings.projections.api_row_limit, settings.projections.api_row_limit)
         read = await _guarded(name, lambda: read_models.model(name))
         after.check_topics(name, {names.events(category) for category in read.categories})
@@ -239,6 +251,7 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
             raise Problem(400, "invalid_limit", f"limit must be between 1 and {page_max}")
         if history is None:
             raise Problem(404, "history_disabled", "this API instance keeps no history index (ESK_API__HISTORY=false)")
+        _given_once(request)
         after = ReadAfter.of(request.query_params.getlist("after"), wait_ms, settings.api.read_wait_max_s)
         after.check_topics("the history index", history.topics)
         after = await after.until(history.ready)  # a read that may wait waits for the index's catch-up too
