@@ -94,7 +94,7 @@ import esk  # noqa: E402
 from esk.cli import cli  # noqa: E402
 from esk.kafka.client_options import client_options  # noqa: E402
 from esk.projections.catalog import Tables  # noqa: E402
-from esk.projections.reader import ReadModelRows  # noqa: E402
+from esk.projections.reader import ReadModelNotBuilt, ReadModelRows  # noqa: E402
 from esk.projections.runner import EventsNewerThanCode, StopRequest, run  # noqa: E402
 from esk.settings import Settings  # noqa: E402
 from tests.counters import Added, counters  # noqa: E402
@@ -338,6 +338,33 @@ async def test_old_events_are_read_as_the_processor_reads_them_and_one_whose_upc
     assert "KeyError" in parked.reason and "amount" in parked.reason, parked.reason
 
 
+NEWER_ADDED = f"counters Added v{Added.schema_version + 1} (1; this code knows v{Added.schema_version})"
+
+
+async def _write_newer_added(settings: Settings, aggregate_id: str, version: int) -> None:
+    """An Added of the next schema version, as a processor of the next release writes it."""
+    newer = {
+        "event_id": f"counters/{aggregate_id}/{version}", "aggregate_type": "counters", "aggregate_id": aggregate_id,
+        "version": version, "type": "Added", "schema_version": Added.schema_version + 1, "data": {"amount": 5},
+        "command_id": "x", "correlation_id": "x", "causation_id": "x", "recorded_at": 1_700_000_000_000,
+    }
+    producer = AIOKafkaProducer(**client_options(settings), transactional_id=f"newer-{uuid.uuid4()}")
+    await producer.start()
+    try:
+        async with producer.transaction():
+            await producer.send_and_wait(events_topic(settings, "counters"), json.dumps(newer).encode(), key=aggregate_id.encode())
+    finally:
+        await producer.stop()
+
+
+async def _until(holds: Callable[[], bool], what: str, timeout_s: float = 300) -> None:
+    for _ in range(int(timeout_s / 0.5)):
+        if holds():
+            return
+        await asyncio.sleep(0.5)
+    raise AssertionError(f"not in {timeout_s}s: {what}")
+
+
 @pytest.mark.kafka
 @pytest.mark.spark
 async def test_events_newer_than_the_read_models_code_are_not_written_until_code_that_knows_them_runs(
@@ -351,20 +378,9 @@ async def test_events_newer_than_the_read_models_code_are_not_written_until_code
     async with system(settings) as s:
         for command, body in (("start", {}), ("add", {"n": 2})):
             assert (await s.client.post(f"/v1/counters/c1/{command}", json=body)).status_code == 200
-        newer = {
-            "event_id": "counters/c1/3", "aggregate_type": "counters", "aggregate_id": "c1", "version": 3, "type": "Added",
-            "schema_version": Added.schema_version + 1, "data": {"amount": 5}, "command_id": "x", "correlation_id": "x",
-            "causation_id": "x", "recorded_at": 1_700_000_000_000,
-        }
-        producer = AIOKafkaProducer(**client_options(settings), transactional_id=f"newer-{uuid.uuid4()}")
-        await producer.start()
-        try:
-            async with producer.transaction():
-                await producer.send_and_wait(events_topic(settings, "counters"), json.dumps(newer).encode(), key=b"c1")
-        finally:
-            await producer.stop()
+        await _write_newer_added(settings, "c1", 3)
 
-    told = f"batch 0 holds events of schema versions newer than this code knows: counters Added v3 (1; this code knows v{Added.schema_version})"
+    told = f"batch 0 holds events of schema versions newer than this code knows: {NEWER_ADDED}"
     with pytest.raises(EventsNewerThanCode, match=re.escape(told)):
         await asyncio.to_thread(run, settings, LUCKY, spark=spark)
     tables = Tables(settings.projections.warehouse_dir)
@@ -373,10 +389,7 @@ async def test_events_newer_than_the_read_models_code_are_not_written_until_code
     stop, turn = StopRequest(), threading.Lock()
     continuous = asyncio.create_task(asyncio.to_thread(run, settings, LUCKY, True, spark=spark, stop=stop, catch_up_turn=turn))
     try:
-        for _ in range(600):
-            if "it stands still until it runs with the code that knows them" in runner_said():
-                break
-            await asyncio.sleep(0.5)
+        await _until(lambda: "it stands still until it runs with the code that knows them" in runner_said(), "it stands still")
         assert told in runner_said()
         assert turn.acquire(blocking=False), "it stands still holding the catch-up turn: the driver's other read models would wait"
         turn.release()
@@ -385,3 +398,34 @@ async def test_events_newer_than_the_read_models_code_are_not_written_until_code
     summary = await asyncio.wait_for(continuous, 120)
     assert summary.batches == 0 and not summary.caught_up
     assert tables.current_generation("lucky_totals") is None
+
+
+@pytest.mark.kafka
+@pytest.mark.spark
+async def test_a_continuous_run_that_meets_newer_events_after_its_catch_up_stands_still_with_what_came_before(
+    settings: Settings, spark: SparkSession, tmp_path: Path, runner_said: Callable[[], str]
+) -> None:
+    settings = _counters_settings(settings, tmp_path)
+    rows = ReadModelRows(settings)
+
+    def totals() -> dict[str, tuple[int, int]]:
+        try:
+            return {r["counter_id"]: (r["total"], r["version"]) for r in rows.read("lucky_totals", {}, limit=10)}
+        except ReadModelNotBuilt:
+            return {}
+
+    async with system(settings) as s:
+        for command, body in (("start", {}), ("add", {"n": 2})):
+            assert (await s.client.post(f"/v1/counters/c1/{command}", json=body)).status_code == 200
+        stop = StopRequest()
+        continuous = asyncio.create_task(asyncio.to_thread(run, settings, LUCKY, True, spark=spark, stop=stop))
+        try:
+            await _until(lambda: totals() == {"c1": (2, 2)}, "c1 kept up")
+            await _write_newer_added(settings, "c1", 3)
+            await _until(lambda: "it stands still until it runs with the code that knows them" in runner_said(), "it stands still")
+            assert NEWER_ADDED in runner_said()
+        finally:
+            stop.asked.set()
+        summary = await asyncio.wait_for(continuous, 120)
+    assert totals() == {"c1": (2, 2)}  # not (2, 3): the v3 event's amount read as nothing
+    assert summary.caught_up  # its catch-up was
