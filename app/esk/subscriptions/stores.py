@@ -30,7 +30,12 @@ def group_id(settings: Settings, subscription: AnySubscription) -> str:
 
 def database_of(settings: Settings, subscription: DatabaseHandler) -> Database:
     config = subscription.database or SQLite()
-    return config.connect(Path(settings.subscriber.data_dir) / f"{subscription.name}.sqlite")
+    return config.connect(_in_data_dir(settings, subscription))
+
+
+def _in_data_dir(settings: Settings, subscription: DatabaseHandler) -> Path:
+    """Where a subscription's SQLite database is when it names no other."""
+    return Path(settings.subscriber.data_dir) / f"{subscription.name}.sqlite"
 
 
 class DatabaseUnreachable(Exception):
@@ -45,8 +50,7 @@ class DatabaseMissing(Exception):
     """A command-line tool found no database where the subscriber would have written one."""
 
     def __init__(self, database: Database, subscription: DatabaseHandler, settings: Settings) -> None:
-        # the data directory is where the database is only when the subscription names none
-        in_data_dir = subscription.database is None or getattr(subscription.database, "path", "") is None
+        in_data_dir = database.describe() == str(_in_data_dir(settings, subscription))
         setting = f"ESK_SUBSCRIBER__DATA_DIR={settings.subscriber.data_dir}" if in_data_dir else "these settings"
         super().__init__(
             f"no database at {database.describe()}: its subscriber has not run with {setting} (run this where it runs, with its settings)"
