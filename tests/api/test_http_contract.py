@@ -275,12 +275,26 @@ async def test_no_outcome_in_time_is_503_and_the_command_is_still_processed(sett
         assert r.json()["code"] == "outcome_pending"
         r = await c.get(f"/v1/accounts/{account}?min_version=1")
         assert r.status_code == 503 and r.headers["retry-after"]
+        # The Location of the 503, and of a 202 `respond-async`, is pending until the
+        # outcome is in: the command is stored, not unknown.
+        r = await c.get(f"/v1/commands/o-{account}")
+        assert r.status_code == 202 and r.json() == {"command_id": f"o-{account}", "status": "pending"}
+        later = new_id()
+        r = await c.post(f"/v1/accounts/{later}/open", json={"owner": "bo"}, headers={"Prefer": "respond-async"})
+        assert r.status_code == 202
+        location = r.headers["location"]
+        r = await c.get(location)
+        assert r.status_code == 202 and r.json()["status"] == "pending"
         # The command was acknowledged: once a processor runs, its outcome appears.
         async with processor(settings, registry):
             r = await c.get(f"/v1/accounts/{account}?min_version=1")
             assert r.status_code == 200
             r = await c.get(f"/v1/commands/o-{account}")
             assert r.status_code == 200 and r.json()["status"] == "accepted"
+            r = await c.get(f"/v1/accounts/{later}?min_version=1")
+            assert r.status_code == 200
+            r = await c.get(location)
+            assert r.status_code == 200 and r.json()["aggregate_id"] == later
 
 
 async def test_auth(settings: Settings) -> None:

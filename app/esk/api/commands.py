@@ -17,8 +17,10 @@ from __future__ import annotations
 import json
 import logging
 import re
+import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 from urllib.parse import quote
 
@@ -175,16 +177,52 @@ def _refuse_another_command(outcome: Outcome, aggregate_type: AggregateType[Any]
         )
 
 
+class SubmittedCommands:
+    """The ids of the commands this API instance put on the commands topic, for a while:
+    until one's outcome is in it is pending, and GET /v1/commands/{id} answers 202 for it
+    (the Location of a 202 `respond-async`, or of a 503 `outcome_pending`), not 404.
+
+    Held for `HOLD_S` and at most `MAX_HELD` ids, the oldest let go first: an id let go
+    reads 404 until its outcome is in, as one submitted through another instance does."""
+
+    HOLD_S = 3600.0
+    MAX_HELD = 100_000
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._held: OrderedDict[str, float] = OrderedDict()  # id -> when it was submitted
+
+    def add(self, command_id: str) -> None:
+        self._held[command_id] = self._clock()
+        self._held.move_to_end(command_id)
+        self._let_go()
+
+    def discard(self, command_id: str) -> None:
+        self._held.pop(command_id, None)
+
+    def __contains__(self, command_id: object) -> bool:
+        self._let_go()
+        return command_id in self._held
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def _let_go(self) -> None:
+        oldest = self._clock() - self.HOLD_S
+        while self._held and (len(self._held) > self.MAX_HELD or next(iter(self._held.values())) < oldest):
+            self._held.popitem(last=False)
+
+
 class CommandIntake:
-    """Takes commands in for one API instance; remembers the ones still waiting for their
-    outcome, so that GET /v1/commands/{id} can answer 202 for them."""
+    """Takes commands in for one API instance; remembers the ones it submitted whose
+    outcome it has not seen (`submitted`), so that GET /v1/commands/{id} can answer 202."""
 
     def __init__(self, settings: Settings, gateway: CommandGateway, replica: StateReplica, positions: EventPositions) -> None:
         self.settings = settings
         self.gateway = gateway
         self.replica = replica
         self.positions = positions
-        self.pending: set[str] = set()
+        self.submitted = SubmittedCommands()
 
     async def submit(
         self, aggregate_type: AggregateType[Any], aggregate_id: str, name: str, headers: Mapping[str, str], receive: Receive
@@ -241,13 +279,13 @@ class CommandIntake:
                 "the command was not acknowledged (it may or may not be stored); retry with the same Idempotency-Key",
                 {"Retry-After": str(api.retry_after_s), "Location": location},
             ) from None
+        self.submitted.add(command_id)
         if "respond-async" in headers.get("prefer", "").lower():  # preference names are case-insensitive (RFC 7240)
             return json_response(
                 {"command_id": command_id, "status": "pending"},
                 202,
                 {"Location": location, "Preference-Applied": "respond-async"},
             )
-        self.pending.add(command_id)
         partitions = self.gateway.commands_partitions()
         ours = None if partitions is None else partition_for(envelope.key, partitions)
 
@@ -262,10 +300,7 @@ class CommandIntake:
                 return True
             return partitions is not None and partition_for(found.aggregate_id.encode(), partitions) == ours
 
-        try:
-            outcome = await self.replica.wait_outcome(command_id, decides, api.outcome_timeout_s)
-        finally:
-            self.pending.discard(command_id)
+        outcome = await self.replica.wait_outcome(command_id, decides, api.outcome_timeout_s)
         if outcome is None:
             HTTP_OUTCOME_TIMEOUTS.inc()
             raise Problem(
@@ -274,6 +309,7 @@ class CommandIntake:
                 {"Retry-After": str(api.retry_after_s), "Location": location},
                 command_id=command_id,
             )
+        self.submitted.discard(command_id)
         _refuse_another_command(outcome, aggregate_type, aggregate_id, name, digest)
         return outcome_response(outcome, await self.positions.of(outcome))
 

@@ -197,9 +197,10 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
     async def get_command(command_id: str) -> Response:
         outcome = replica.outcome(command_id)
         if outcome is not None:
+            intake.submitted.discard(command_id)
             body = {**orjson.loads(outcome.encode()), "http_status": outcome_response(outcome).status_code}
             return json_response(body)
-        if command_id in intake.pending:
+        if command_id in intake.submitted:
             return json_response({"command_id": command_id, "status": "pending"}, 202)
         raise Problem(404, "unknown_command_id", "no outcome for this command (unknown, expired, or not processed yet)")
 

@@ -432,8 +432,8 @@ def _outcome_operation() -> Schema:
         "parameters": [_parameter("command_id", "path", COMMAND_ID.schema(), "The command id (its Idempotency-Key)")],
         "responses": {
             "200": _answer("The outcome, with the status its POST answered", _ref("CommandOutcome")),
-            "202": _answer("This API instance is still waiting for the outcome", _ref("CommandPending")),
-            "404": _problem("Unknown, expired, or not processed yet", "unknown_command_id"),
+            "202": _answer("Submitted through this API instance within the hour, its outcome not in yet", _ref("CommandPending")),
+            "404": _problem("Unknown, expired, or not processed yet (submitted through another instance)", "unknown_command_id"),
         },
     }
 
