@@ -184,12 +184,16 @@ class BrokerConnectionFilter(logging.Filter):
             # A process reaches a broker when it needs it: one it needed for nothing for a
             # while after it came back is reached late, and the outage looks longer than it was.
             since_last = record.created - outage.last
-            last = f", the last {since_last:.1f} s ago" if since_last > RECOVERY_GRACE_S else ""
-            lines.append(
-                f"Kafka broker {where} reachable again after {outage.attempts} failed connection "
-                f"attempt{'s' if outage.attempts != 1 else ''} over {record.created - outage.since:.1f} s{last} "
-                f"({self.retried - outage.retried_before} retried client errors logged at DEBUG meanwhile)"
-            )
+            attempts = f"{outage.attempts} failed connection attempt{'s' if outage.attempts != 1 else ''}"
+            if since_last > RECOVERY_GRACE_S:
+                told = (
+                    f"reached again {since_last:.1f} s after the last of {attempts} over "
+                    f"{outage.last - outage.since:.1f} s (no request needed it meanwhile: it was away for "
+                    f"{outage.last - outage.since:.1f} to {record.created - outage.since:.1f} s)"
+                )
+            else:
+                told = f"reachable again after {attempts} over {record.created - outage.since:.1f} s"
+            lines.append(f"Kafka broker {where} {told} ({self.retried - outage.retried_before} retried client errors logged at DEBUG meanwhile)")
         if not self.outages:
             self.library.setLevel(self.library_level)
         _replace(record, logging.INFO, "; ".join(lines))

@@ -136,7 +136,10 @@ def test_a_broker_reached_long_after_its_last_failed_attempt_says_when_that_was(
     outage_noise(2, 9093, times=1)
     now[0] += 120
     CONN.debug(RESPONSE, "127.0.0.1", 9093, 8, "MetadataResponse(...)")
-    assert "after 2 failed connection attempts over 180.0 s, the last 120.0 s ago (" in lines(output)[1]
+    assert (
+        "Kafka broker node 2 (127.0.0.1:9093) reached again 120.0 s after the last of 2 failed connection attempts over "
+        "60.0 s (no request needed it meanwhile: it was away for 60.0 to 180.0 s) ("
+    ) in lines(output)[1]
 
 
 def test_at_debug_the_repeats_are_there_and_the_client_debug_lines_are_not() -> None:
