@@ -52,6 +52,32 @@ async def test_the_old_owner_of_a_partition_cannot_commit_after_the_new_one_star
         assert [(e["aggregate_id"], e["type"], e["version"]) for e in events] == [("z1", "Opened", 1)]
 
 
+async def test_a_partition_taken_away_while_its_commit_fails_tells_that_commit_s_failure(
+    settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Revoked while its commit in flight is fenced: the commit loop leaves a partition
+    already taken away to its close to tell, and the close told only that its own final
+    commit found the partition closed (a trial's SIGSTOP/SIGCONT: "final commit failed
+    (RuntimeError('partition 3 is closed'))"), not why."""
+    registry = load_registry(settings.domain)
+    await ensure_topics(settings, topic_specs(settings, registry))
+    names = TopicNames(settings.app)
+    async with task_builders(settings, registry, "old", "new") as (old_owner, new_owner):
+        old_partition = await old_owner.task_manager.build(0)
+        old_owner.task_manager.partitions[0] = old_partition
+        old_partition.running.process([command_record(names.commands, 0, CommandEnvelope("cmd-1", "accounts", "z1", "open", {"owner": "zed"}))])
+        new_partition = await new_owner.task_manager.build(0)  # the old owner is fenced
+        in_flight = asyncio.create_task(old_partition.commit())
+        await asyncio.sleep(0)  # it holds the commit lock
+        caplog.clear()
+        await old_owner.task_manager.revoke({0})
+        with pytest.raises(ProducerFenced):
+            await in_flight
+        await new_partition.close()
+    [told] = [r.getMessage() for r in caplog.records if "partition 0:" in r.getMessage()]
+    assert told.startswith("partition 0: last commit failed (ProducerFenced("), told
+
+
 def test_a_fence_is_told_where_it_is_met_and_not_again_by_asyncio(settings: Settings, caplog: pytest.LogCaptureFixture) -> None:
     """A transactional producer fenced by a newer owner of its id, as its transaction adds
     a partition or the group's offsets: the commit raises it (esk tells it there), and the

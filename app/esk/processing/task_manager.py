@@ -83,6 +83,7 @@ class Partition:
     group_offset_interval_s: float = 1.0
     last_commit_started: float = -math.inf  # monotonic time its last transaction began
     committing: asyncio.Task[None] | None = None  # the commit loop in flight
+    failure: BaseException | None = None  # what closed it, a commit having failed
     _group_offset_due_at: float = field(default=0.0)
     _commit_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -119,8 +120,9 @@ class Partition:
             assert self.producer is not None
             try:
                 written = await self.producer.commit(batch.outputs, consumed, self.group_id)
-            except BaseException:
+            except BaseException as error:
                 self.state = PartitionState.CLOSED
+                self.failure = error
                 task.overlay.release()
                 raise
             task.committed(batch, written)
@@ -425,7 +427,10 @@ class TaskManager:
             try:
                 await partition.commit(final=True)  # after the commit in flight, if any
             except Exception as error:  # fenced or failed: the next owner redoes the batch
-                log.warning("partition %d: final commit failed (%r); the next owner redoes it", partition.number, error)
+                # the commit in flight's failure, when it is what closed the partition: the
+                # commit loop leaves a partition already taken away to this close to tell
+                failed, what = (error, "final commit") if partition.failure in (None, error) else (partition.failure, "last commit")
+                log.warning("partition %d: %s failed (%r); the next owner redoes it", partition.number, what, failed)
         await partition.close()
 
     def _running(self) -> list[Partition]:
