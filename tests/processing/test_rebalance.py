@@ -63,6 +63,9 @@ async def test_processors_joining_and_leaving_under_load_lose_and_duplicate_noth
 
         # every processor owned partitions at some point: partitions really moved around
         assert all("ready at offset" in p.log_text() for p in (p0, p1, p2))
+        # and each said it was joining, and what each rebalance gave it
+        assert all(re.search(r"joining the group \S+ for \S+'s partitions", p.log_text()) for p in (p0, p1, p2))
+        assert all(re.search(r"assigned partitions \[\d", p.log_text()) for p in (p0, p1, p2))
         revokes = revoke_times([p0, p1, p2])
         print(f"{len(revokes)} revokes, longest {max(revokes):.3f}s")
         assert revokes and max(revokes) < REVOKE_BOUND_S

@@ -102,6 +102,7 @@ class Processor:
     async def _run(self, stop: asyncio.Event) -> None:
         consumer = self.consumer()
         consumer.subscribe([self.topics.commands], listener=_RebalanceListener(self))
+        log.info("joining the group %s for %s's partitions", self.group_id, self.topics.commands)
         # set before start(): the rebalance listener may run inside it
         self._consumer = self.task_manager.consumer = consumer
         standbys_stop = asyncio.Event()
@@ -174,6 +175,11 @@ class Processor:
 
     async def _on_assigned(self, assigned: set[TopicPartition]) -> None:
         numbers = {tp.partition for tp in assigned}
+        # each rebalance, said: a member that waits in one, or is given nothing, is otherwise silent
+        if numbers:
+            log.info("assigned partitions %s", sorted(numbers))
+        else:
+            log.info("assigned no partition (the group's other members own them all)")
         # Standby copies that turned active are closed first: the active task opens the same store.
         await self.standbys.assign(self.assignor.standby - numbers)
         self.task_manager.assign(numbers)
