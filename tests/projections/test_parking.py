@@ -343,9 +343,13 @@ NEWER_ADDED = f"counters Added v{Added.schema_version + 1} (1; this code knows v
 
 async def _write_newer_added(settings: Settings, aggregate_id: str, version: int) -> None:
     """An Added of the next schema version, as a processor of the next release writes it."""
+    await _write_newer(settings, aggregate_id, version, "Added", Added.schema_version + 1)
+
+
+async def _write_newer(settings: Settings, aggregate_id: str, version: int, type_name: str, schema_version: int) -> None:
     newer = {
         "event_id": f"counters/{aggregate_id}/{version}", "aggregate_type": "counters", "aggregate_id": aggregate_id,
-        "version": version, "type": "Added", "schema_version": Added.schema_version + 1, "data": {"amount": 5},
+        "version": version, "type": type_name, "schema_version": schema_version, "data": {"amount": 5},
         "command_id": "x", "correlation_id": "x", "causation_id": "x", "recorded_at": 1_700_000_000_000,
     }
     producer = AIOKafkaProducer(**client_options(settings), transactional_id=f"newer-{uuid.uuid4()}")
@@ -380,7 +384,7 @@ async def test_events_newer_than_the_read_models_code_are_not_written_until_code
             assert (await s.client.post(f"/v1/counters/c1/{command}", json=body)).status_code == 200
         await _write_newer_added(settings, "c1", 3)
 
-    told = f"batch 0 holds events of schema versions newer than this code knows: {NEWER_ADDED}"
+    told = f"batch 0 holds events newer than this code knows (a schema version, or a type): {NEWER_ADDED}"
     with pytest.raises(EventsNewerThanCode, match=re.escape(told)):
         await asyncio.to_thread(run, settings, LUCKY, spark=spark)
     tables = Tables(settings.projections.warehouse_dir)
@@ -398,6 +402,23 @@ async def test_events_newer_than_the_read_models_code_are_not_written_until_code
     summary = await asyncio.wait_for(continuous, 120)
     assert summary.batches == 0 and not summary.caught_up
     assert tables.current_generation("lucky_totals") is None
+
+
+@pytest.mark.kafka
+@pytest.mark.spark
+async def test_an_event_type_the_read_models_code_does_not_know_is_not_left_out_unsaid(
+    settings: Settings, spark: SparkSession, tmp_path: Path
+) -> None:
+    """The next release adds an event type (say, `Doubled`): this code's read model would
+    leave its rows out, and the next code would not see them again (no rebuild asked for)."""
+    settings = _counters_settings(settings, tmp_path)
+    async with system(settings) as s:
+        assert (await s.client.post("/v1/counters/c1/start", json={})).status_code == 200
+        await _write_newer(settings, "c1", 2, "Doubled", 1)
+    told = "batch 0 holds events newer than this code knows (a schema version, or a type): counters Doubled v1 (1; this code knows no such type)"
+    with pytest.raises(EventsNewerThanCode, match=re.escape(told)):
+        await asyncio.to_thread(run, settings, LUCKY, spark=spark)
+    assert Tables(settings.projections.warehouse_dir).current_generation("lucky_totals") is None
 
 
 @pytest.mark.kafka

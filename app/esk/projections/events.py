@@ -218,10 +218,14 @@ def _older(registry: Registry, categories: tuple[str, ...]) -> Column:
 
 
 def newer_version(settings: Settings, categories: tuple[str, ...]) -> Column:
-    """True on the rows of an event type's schema version newer than the code's: written by
-    newer code (a processor released before the read models), which this code would read
-    wrongly, its new fields null and its renamed ones missing. Null on types it does not know."""
-    return F.col("schema_version") > _current_version(load_registry(settings.domain), categories)
+    """True on the rows written by newer code (a processor released before the read
+    models), which this code would read wrongly: an event type's schema version newer than
+    the code's (its new fields null, its renamed ones missing), or a type of one of
+    `categories` the code does not know (no type is ever removed: the schema check refuses
+    it), whose rows a read model of this code would leave out for good."""
+    current = _current_version(load_registry(settings.domain), categories)
+    unknown = current.isNull() & F.col("type").isNotNull() & F.col("aggregate_type").isin(*categories)
+    return F.coalesce(F.col("schema_version") > current, unknown)
 
 
 def _current_version(registry: Registry, categories: tuple[str, ...]) -> Column:

@@ -36,6 +36,7 @@ from pyspark.sql.streaming.readwriter import DataStreamWriter
 from pyspark.sql.types import StructType
 from rich.console import Console
 
+from ..domain.aggregate import UnknownEventType
 from ..kafka.client_options import KafkaAccessError, check_access
 from ..processes import set_from_signal_handler
 from ..registry import load_registry
@@ -372,13 +373,21 @@ def _keep(
         waits for code that knows them (`stand_still`), or fails in a line."""
         found = events.filter(newer).groupBy("aggregate_type", "type", "schema_version").count().collect()
         registry = load_registry(settings.domain)
+
+        def known(aggregate_type: str, type_name: str) -> str:
+            try:
+                return f"v{registry[aggregate_type].event_type(type_name).schema_version}"
+            except UnknownEventType:
+                return "no such type"
+
         told = ", ".join(
             f"{r['aggregate_type']} {r['type']} v{r['schema_version']} ({r['count']:,}; this code knows "
-            f"v{registry[r['aggregate_type']].event_type(r['type']).schema_version})"
+            f"{known(r['aggregate_type'], r['type'])})"
             for r in sorted(found, key=lambda r: (r["aggregate_type"], r["type"], r["schema_version"]))
         )
         newer_than_code.append(EventsNewerThanCode(
-            f"{name} g{generation} batch {batch_id} holds events of schema versions newer than this code knows: {told}"
+            f"{name} g{generation} batch {batch_id} holds events newer than this code knows (a schema version, "
+            f"or a type): {told}"
         ))  # fmt: skip
         raise newer_than_code[-1]
 
