@@ -394,9 +394,11 @@ def project_list(
         path = tables.current_path(model.name)
         positions = read_model_positions(tables, model.name) or {}
         reflects = [Position(t, p, o).token() for (t, p), o in sorted(positions.items())]
+        kept = tables.keepers(model.name)
         keepers = [
-            holder if generation == current else f"building g{generation}: {holder}"
-            for generation, holder in tables.keepers(model.name).runs.items()
+            (holder if generation == current else f"building g{generation}: {holder}")
+            + (f" (held up: {kept.held_up[generation]})" if generation in kept.held_up else "")
+            for generation, holder in kept.runs.items()
         ]
         parked = len(tables.parked_in(model.name, current))
         rows.append([model.name, list(model.categories), model.description, str(path) if path else None, reflects, keepers, parked])

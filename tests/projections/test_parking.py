@@ -94,6 +94,7 @@ import esk  # noqa: E402
 from esk.cli import cli  # noqa: E402
 from esk.kafka.client_options import client_options  # noqa: E402
 from esk.projections.catalog import Tables  # noqa: E402
+from esk.projections.positions import Position  # noqa: E402
 from esk.projections.reader import ReadModelNotBuilt, ReadModelRows  # noqa: E402
 from esk.projections.runner import EventsNewerThanCode, StopRequest, run  # noqa: E402
 from esk.settings import Settings  # noqa: E402
@@ -341,12 +342,13 @@ async def test_old_events_are_read_as_the_processor_reads_them_and_one_whose_upc
 NEWER_ADDED = f"counters Added v{Added.schema_version + 1} (1; this code knows v{Added.schema_version})"
 
 
-async def _write_newer_added(settings: Settings, aggregate_id: str, version: int) -> None:
-    """An Added of the next schema version, as a processor of the next release writes it."""
-    await _write_newer(settings, aggregate_id, version, "Added", Added.schema_version + 1)
+async def _write_newer_added(settings: Settings, aggregate_id: str, version: int) -> Position:
+    """An Added of the next schema version, as a processor of the next release writes it;
+    the position past it."""
+    return await _write_newer(settings, aggregate_id, version, "Added", Added.schema_version + 1)
 
 
-async def _write_newer(settings: Settings, aggregate_id: str, version: int, type_name: str, schema_version: int) -> None:
+async def _write_newer(settings: Settings, aggregate_id: str, version: int, type_name: str, schema_version: int) -> Position:
     newer = {
         "event_id": f"counters/{aggregate_id}/{version}", "aggregate_type": "counters", "aggregate_id": aggregate_id,
         "version": version, "type": type_name, "schema_version": schema_version, "data": {"amount": 5},
@@ -356,9 +358,10 @@ async def _write_newer(settings: Settings, aggregate_id: str, version: int, type
     await producer.start()
     try:
         async with producer.transaction():
-            await producer.send_and_wait(events_topic(settings, "counters"), json.dumps(newer).encode(), key=aggregate_id.encode())
+            written = await producer.send_and_wait(events_topic(settings, "counters"), json.dumps(newer).encode(), key=aggregate_id.encode())
     finally:
         await producer.stop()
+    return Position(written.topic, written.partition, written.offset + 1)
 
 
 async def _until(holds: Callable[[], bool], what: str, timeout_s: float = 300) -> None:
@@ -424,7 +427,7 @@ async def test_an_event_type_the_read_models_code_does_not_know_is_not_left_out_
 @pytest.mark.kafka
 @pytest.mark.spark
 async def test_a_continuous_run_that_meets_newer_events_after_its_catch_up_stands_still_with_what_came_before(
-    settings: Settings, spark: SparkSession, tmp_path: Path, runner_said: Callable[[], str]
+    settings: Settings, spark: SparkSession, tmp_path: Path, runner_said: Callable[[], str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     settings = _counters_settings(settings, tmp_path)
     rows = ReadModelRows(settings)
@@ -442,9 +445,19 @@ async def test_a_continuous_run_that_meets_newer_events_after_its_catch_up_stand
         continuous = asyncio.create_task(asyncio.to_thread(run, settings, LUCKY, True, spark=spark, stop=stop))
         try:
             await _until(lambda: totals() == {"c1": (2, 2)}, "c1 kept up")
-            await _write_newer_added(settings, "c1", 3)
+            past = await _write_newer_added(settings, "c1", 3)
             await _until(lambda: "it stands still until it runs with the code that knows them" in runner_said(), "it stands still")
             assert NEWER_ADDED in runner_said()
+            # a read that waits for it is told why it will not come, and not to retry
+            r = await s.client.get("/v1/projections/lucky_totals", params={"after": past.token(), "wait_ms": 100})
+            assert r.status_code == 503 and r.json()["code"] == "not_caught_up", r.text
+            assert "the run keeping it is held up: " in r.json()["detail"] and NEWER_ADDED in r.json()["detail"], r.text
+            assert "retry-after" not in r.headers
+            for variable, value in esk_env(settings).items():
+                monkeypatch.setenv(variable, value)
+            listed = CliRunner().invoke(cli, ["project", "list", "--format", "json"])
+            [kept_by] = [row["kept_by"] for row in map(json.loads, listed.output.splitlines()) if row["name"] == "lucky_totals"]
+            assert len(kept_by) == 1 and " (held up: lucky_totals g1 batch " in kept_by[0] and NEWER_ADDED in kept_by[0], kept_by
         finally:
             stop.asked.set()
         summary = await asyncio.wait_for(continuous, 120)

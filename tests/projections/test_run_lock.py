@@ -160,6 +160,25 @@ def test_the_keepers_are_the_runs_of_the_generation_readers_use_and_of_the_next(
     assert tables.keepers("never-run") == Keepers(None, {})
 
 
+def test_a_run_held_up_says_why_in_its_lock_for_readers(tmp_path: Path) -> None:
+    """A read waiting on a run that cannot go on until someone acts (events newer than its
+    code) is told so, rather than to retry (http.py `_who_keeps`, `esk project list`)."""
+    tables = Tables(tmp_path)
+    with tables.run_lock("totals", 1) as lock:
+        lock.acquire()
+        assert tables.keepers("totals").held_up == {} and tables.keepers("totals").held_up_reader() is None
+        lock.held_up("events newer than this code")
+        keepers = tables.keepers("totals")  # the first generation, being built
+        assert keepers.held_up == {1: "events newer than this code"} and keepers.held_up_reader() == "events newer than this code"
+        assert keepers.runs[1].startswith(f"pid {os.getpid()} on ")  # who it is, as before
+        tables.switch("totals", 1)
+        assert tables.keepers("totals").held_up_reader() == "events newer than this code"  # readers use it
+        lock.held_up(None)
+        assert tables.keepers("totals").held_up_reader() is None
+        assert tables.keepers("totals").runs[1].startswith(f"pid {os.getpid()} on ")
+    assert tables.keepers("totals") == Keepers(1, {})  # a run that ended holds nothing up
+
+
 def test_the_generation_held_is_the_one_readers_use_a_new_one_to_rebuild_or_the_first(tmp_path: Path) -> None:
     pytest.importorskip("pyspark")
     from esk.projections.runner import hold_generation

@@ -280,7 +280,10 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
         keepers = await asyncio.to_thread(read_models.keepers, name)
         if keepers is None:
             return problem
-        if problem.code == "projection_not_built" and keepers.runs:
+        if (why := keepers.held_up_reader()) is not None:
+            problem.detail += f"; the run keeping it is held up: {why}"
+            problem.headers.pop("Retry-After", None)  # until someone acts
+        elif problem.code == "projection_not_built" and keepers.runs:
             problem.detail = f"{name} has not been built yet: a run is building it"
         elif (current := keepers.standing_still()) is not None:
             problem.detail += (

@@ -470,6 +470,16 @@ class Keepers:
 
     current: int | None
     runs: dict[int, str]
+    held_up: dict[int, str] = field(default_factory=dict)  # why a run is held up, by generation
+
+    def held_up_reader(self) -> str | None:
+        """Why the run that readers wait on is held up, if it is: the one keeping the
+        generation they use, or else the one building the next (or the first)."""
+        current = self.current or 0
+        for generation in (current, current + 1):
+            if generation in self.runs:
+                return self.held_up.get(generation)
+        return None
 
     def standing_still(self) -> int | None:
         """The generation readers use, when no run keeps it while one builds the next beside
@@ -519,7 +529,10 @@ class Tables:
         rebuild would build next. A continuous run waiting as a standby holds nothing."""
         current = self.current_generation(name)
         generations = [1] if current is None else [current, current + 1]
-        return Keepers(current, {g: holder for g in generations if (holder := self.run_lock(name, g).holder()) is not None})
+        keepers = {g: keeper for g in generations if (keeper := self.run_lock(name, g).keeper()) is not None}
+        return Keepers(
+            current, {g: k.who for g, k in keepers.items()}, {g: k.held_up for g, k in keepers.items() if k.held_up is not None}
+        )
 
     def generations(self, name: str) -> list[int]:
         """Every generation of `name` with something on disk: a table, a checkpoint, a lock."""

@@ -21,6 +21,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
+from typing import Any, NamedTuple
 
 POLL_S = 0.5  # how often a waiting run tries the lock again
 # How long a run that does not wait still tries: `holder` takes the lock shared for an
@@ -50,6 +51,7 @@ class GenerationLock:
         self.name = name
         self.generation = generation
         self._fd: int | None = None
+        self._me: dict[str, object] = {}
 
     def acquire(self, wait_s: float = 0.0, asked_to_stop: threading.Event | None = None) -> bool:
         """Takes the lock, trying for `wait_s` at most; raises GenerationBusy if another
@@ -62,13 +64,21 @@ class GenerationLock:
             if not self._locked(fd, wait_s, asked_to_stop):
                 os.close(fd)
                 return False
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, json.dumps(_me()).encode(), 0)
+            self._me = _me()
+            _write(fd, self._me)
         except BaseException:
             os.close(fd)  # and the lock with it, if it was taken
             raise
         self._fd = fd
         return True
+
+    def held_up(self, why: str | None) -> None:
+        """Says in the file, for readers, that the run holding it is held up (`why`) until
+        someone acts, a release say, or no longer is (None): waiting on it helps nothing."""
+        if self._fd is None:
+            return
+        self._me = {k: v for k, v in self._me.items() if k != "held_up"} | ({"held_up": why} if why else {})
+        _write(self._fd, self._me)
 
     def _locked(self, fd: int, wait_s: float, asked_to_stop: threading.Event | None) -> bool:
         deadline = time.monotonic() + wait_s
@@ -90,6 +100,11 @@ class GenerationLock:
     def holder(self) -> str | None:
         """Who keeps the generation now (as `GenerationBusy` names them), or None when no
         run does. A file left by a run that has ended names it still: only the lock tells."""
+        keeper = self.keeper()
+        return None if keeper is None else keeper.who
+
+    def keeper(self) -> Keeper | None:
+        """The run keeping the generation now, or None when no run does."""
         try:
             fd = os.open(self.path, os.O_RDONLY)
         except FileNotFoundError:
@@ -97,7 +112,7 @@ class GenerationLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
-            return self._holder()
+            return Keeper(self._holder(), self._written().get("held_up"))
         finally:
             os.close(fd)  # and the shared lock with it
         return None
@@ -119,11 +134,31 @@ class GenerationLock:
 
     def _holder(self) -> str:
         """Who holds the lock, as the holder wrote it (it may not have written it yet)."""
+        holder = self._written()
         try:
-            holder = json.loads(self.path.read_text())
             return f"pid {holder['pid']} on {holder['host']} since {holder['since']}: {holder['command']}"
-        except (OSError, ValueError, KeyError, TypeError):
+        except KeyError:
             return "its details not written yet"
+
+    def _written(self) -> dict[str, Any]:
+        try:
+            written = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return written if isinstance(written, dict) else {}
+
+
+class Keeper(NamedTuple):
+    """The run holding a generation's lock: who (`GenerationBusy`'s words), and why it is
+    held up, if it is."""
+
+    who: str
+    held_up: str | None
+
+
+def _write(fd: int, holder: dict[str, object]) -> None:
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps(holder).encode(), 0)
 
 
 def _me() -> dict[str, object]:

@@ -398,6 +398,7 @@ def _keep(
             raise EventsNewerThanCode(f"{refused}: run it with the code that wrote them (the domain's release)") from None
         told_at = time.monotonic()
         log.warning(f"{refused}: it stands still until it runs with the code that knows them (release the read models with the domain)")
+        held.lock.held_up(f"{refused}: release the read models with the domain")  # for readers: waiting will not do
         while not stop.asked.wait(POLL_S):
             if time.monotonic() - told_at >= NEWER_REPORT_EVERY_S:
                 log.warning(f"{refused}: still standing still, for the code that knows them")
