@@ -69,9 +69,14 @@ _errors_as_json = False
 
 def load_settings(**overrides: Any) -> Settings:
     """ESK_* variables and .env first; flags that were given override them."""
+    global _errors_as_json
     try:
         settings = read_settings()
     except SettingsInvalid as error:
+        # a log pipeline reads JSON, this line too (read as pydantic reads it: any case)
+        if any(name.upper() == "ESK_LOG_FORMAT" and value == "json" for name, value in os.environ.items()):
+            configure_logging("INFO", "json")
+            _errors_as_json = True
         raise fail(str(error)) from None
     for dotted, value in overrides.items():
         if value is None:
@@ -83,7 +88,6 @@ def load_settings(**overrides: Any) -> Settings:
         else:
             settings = settings.model_copy(update={section: value})
     configure_logging(settings.log_level, settings.log_format)
-    global _errors_as_json
     _errors_as_json = settings.log_format == "json"
     return settings
 

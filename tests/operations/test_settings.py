@@ -3,6 +3,7 @@ fields by their dotted path, over many lines, under a traceback)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -55,3 +56,16 @@ def test_every_command_tells_a_wrong_setting_in_a_line(tmp_path: Path) -> None:
     assert result.stderr.splitlines() == [
         "error: ESK_API__PORT: Input should be a valid integer, unable to parse string as an integer"
     ]
+
+
+def test_with_json_logs_a_wrong_setting_is_told_in_json(tmp_path: Path) -> None:
+    """A log pipeline that reads the process's JSON lines reads this one too."""
+    result = subprocess.run(
+        [sys.executable, "-m", "esk", "project", "list"],
+        cwd=tmp_path, env={"ESK_API__PORT": "abc", "ESK_LOG_FORMAT": "json", "PATH": "/usr/bin:/bin"},
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 1
+    [line] = result.stderr.splitlines()
+    told = json.loads(line)
+    assert told["level"] == "ERROR" and told["message"] == "ESK_API__PORT: Input should be a valid integer, unable to parse string as an integer"
