@@ -289,11 +289,21 @@ def _variable(path: typing.Sequence[str]) -> str:
 def _told(loc: tuple[int | str, ...], message: str, kind: str, given: Any) -> str:
     path = [str(part) for part in loc if not isinstance(part, int)]
     item = next((f" (item {part})" for part in loc if isinstance(part, int)), "")
-    told = f"{_variable(path)}{item}: {message}"
+    told = f"{_as_set(path)}{item}: {message}"
     if kind == "missing" and isinstance(given, dict) and given:
         # set by a misspelt name, most often: the section's others are all it was given
         told += f" ({_variable(path[:-1])}__* sets only {', '.join(sorted(str(name).upper() for name in given))})"
     return told
+
+
+def _as_set(path: list[str]) -> str:
+    """The variable that set the field at `path`: its own, or a section's given whole as
+    JSON (`ESK_API={"port": ...}`), the field named beside it."""
+    environment = {name.upper() for name in os.environ}  # as pydantic reads them: any case
+    for end in range(len(path), 0, -1):
+        if _variable(path[:end]) in environment:
+            return _variable(path[:end]) + (f" ({'.'.join(path[end:])})" if end < len(path) else "")
+    return _variable(path)  # from .env, or missing
 
 
 def _not_json(error: SettingsError) -> str:

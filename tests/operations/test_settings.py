@@ -32,8 +32,14 @@ from esk.settings import SettingsInvalid, read_settings
         ({"esk_api__auth_tokens": "t1,t2"}, "ESK_API__AUTH_TOKENS: not JSON"),  # pydantic reads any case
         ({"ESK_BROKER__SASL_SSL__USERS": "esk=secret"}, "ESK_BROKER__SASL_SSL__USERS: not JSON"),
         ({"ESK_BROKER": "localhost"}, "ESK_BROKER: not JSON"),
+        # a section given whole, as JSON: told by the variable set, the field beside it
+        ({"ESK_API": '{"port": "abc"}'}, "ESK_API (port): Input should be a valid integer"),
+        ({"ESK_BROKER": '{"sasl_ssl": {"internal_port": 1}}'}, "ESK_BROKER (sasl_ssl.keystore): Field required"),
     ],
-    ids=["integer", "choice", "two at once", "missing beside a misspelt one", "list", "list, lower case", "nested mapping", "section"],
+    ids=[
+        "integer", "choice", "two at once", "missing beside a misspelt one", "list", "list, lower case", "nested mapping", "section",
+        "a section's field", "a nested section's field",
+    ],
 )
 def test_a_setting_esk_cannot_take_is_named_as_it_was_set(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, variables: dict[str, str], told: str
