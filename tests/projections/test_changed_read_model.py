@@ -21,7 +21,7 @@ from pyspark.sql import functions as F
 import esk
 from esk.projections.catalog import Tables
 from esk.projections.reader import ReadModelRows
-from esk.projections.runner import BuiltByOtherCode, ReadModelChanged, RunFailed, StopRequest, run
+from esk.projections.runner import BuiltByOtherCode, ReadModelChanged, ReadModelInvalid, RunFailed, StopRequest, run
 from esk.settings import Settings
 from tests.counters import Added, counters
 from tests.projections.test_read_your_writes import USER_READ_MODELS, users_settings
@@ -46,6 +46,17 @@ def _tenfold_totals(events: DataFrame, writer: esk.BatchWriter) -> int:
     )
 
 
+def _doubling_totals(events: DataFrame, writer: esk.BatchWriter) -> int:
+    """Its Merge changed (each batch's total doubled as merged), its version not."""
+    rows = events.filter(esk.of(counters)).groupBy(F.col("aggregate_id").alias("counter_id")).agg(
+        F.sum(F.coalesce(esk.payload(counters, Added)["n"], F.lit(0))).alias("total"), F.max("version").alias("version")
+    )
+    return writer.merge(
+        rows,
+        esk.Merge(on="t.counter_id = s.counter_id", update={"total": "t.total + 2 * s.total", "version": "s.version"}, update_if="s.version > t.version"),
+    )
+
+
 VERSION_2 = esk.Projection(replace(TOTALS.model, version=2), TOTALS.columns, _tenfold_totals)
 
 
@@ -59,6 +70,14 @@ async def test_a_changed_read_model_is_refused_one_shot_and_built_again_by_a_con
         for command, body in (("start", {}), ("add", {"n": 2})):
             assert (await s.client.post(f"/v1/counters/c1/{command}", json=body)).status_code == 200
         await asyncio.to_thread(run, settings, TOTALS, spark=spark)
+        assert tables.current_generation(NAME) == 1
+
+        # its Merge changed, its columns and version not: refused, continuous or not (the
+        # version tells which code is newer; two drivers would rebuild it by turns)
+        same_version = esk.Projection(TOTALS.model, TOTALS.columns, _doubling_totals)
+        for continuous in (False, True):
+            with pytest.raises(ReadModelInvalid, match=r"its writes are not those its table at .* was built with"):
+                await asyncio.to_thread(run, settings, same_version, continuous, spark=spark)
         assert tables.current_generation(NAME) == 1
 
         with pytest.raises(ReadModelChanged, match=r"is not what the read model declares \(version 1, now 2\)$"):

@@ -50,9 +50,48 @@ def _projection(apply: Callable[[DataFrame, esk.BatchWriter], int], columns: str
     return esk.Projection(esk.ReadModel("counter_totals", (counters,), "totals"), columns, apply)
 
 
-def _check(spark: SparkSession, tmp_path: Path, projection: esk.Projection) -> None:
+def _check(spark: SparkSession, tmp_path: Path, projection: esk.Projection) -> str | None:
     schema = spark.createDataFrame([], projection.columns).schema
-    _check_plan(spark, projection, "esk.test.check", tmp_path / "never-written", schema)
+    return _check_plan(spark, projection, "esk.test.check", tmp_path / "never-written", schema)
+
+
+def test_the_plan_check_notes_the_writes_a_change_of_a_merge_is_seen_and_its_layout_is_not(spark: SparkSession, tmp_path: Path) -> None:
+    def merging(spec: esk.Merge) -> esk.Projection:
+        return _projection(lambda events, writer: writer.merge(_counter_rows(events), spec))
+
+    noted = _check(spark, tmp_path, merging(MERGE))
+    assert noted is not None
+    laid_out = esk.Merge(
+        on="t.counter_id  =  s.counter_id",
+        update={"version": "s.version", "total": "t.total +\n s.n"},
+        insert={"version": "s.version", "counter_id": "s.counter_id", "total": "s.n"},
+    )
+    assert _check(spark, tmp_path, merging(laid_out)) == noted
+    doubled = esk.Merge(on=MERGE.on, update={**MERGE.update, "total": "t.total + 2 * s.n"}, insert=MERGE.insert)
+    assert _check(spark, tmp_path, merging(doubled)) != noted
+    conditional = esk.Merge(on=MERGE.on, update=MERGE.update, insert=MERGE.insert, update_if="s.version > t.version")
+    assert _check(spark, tmp_path, merging(conditional)) != noted
+    appended = _projection(lambda events, writer: writer.append(_counter_rows(events).withColumnRenamed("n", "total")))
+    assert _check(spark, tmp_path, appended) not in (None, noted)
+
+    def wants_rows(events: DataFrame, writer: esk.BatchWriter) -> int:
+        raise IndexError("no first row")
+
+    assert _check(spark, tmp_path, _projection(wants_rows)) is None  # not known: nothing is compared
+
+
+def test_a_table_built_before_writes_were_noted_is_given_them(spark: SparkSession, tmp_path: Path) -> None:
+    from deltalake import DeltaTable
+
+    projection = _projection(lambda events, writer: writer.merge(_counter_rows(events), MERGE))
+    schema = spark.createDataFrame([], projection.columns).schema
+    path, checkpoint = tmp_path / "g1", tmp_path / "checkpoint"
+    runner._create_table(spark, path, checkpoint, schema, projection.model, False)
+    assert runner.WRITES_PROPERTY not in DeltaTable(str(path)).metadata().configuration
+    runner._create_table(spark, path, checkpoint, schema, projection.model, True, "abcd")
+    assert DeltaTable(str(path)).metadata().configuration[runner.WRITES_PROPERTY] == "abcd"
+    with pytest.raises(ReadModelInvalid, match="its writes are not those its table"):
+        runner._create_table(spark, path, checkpoint, schema, projection.model, True, "dcba")
 
 
 def test_the_example_read_models_and_a_right_one_plan_without_writing(spark: SparkSession, tmp_path: Path) -> None:

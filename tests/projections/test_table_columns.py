@@ -17,7 +17,7 @@ deltalake = pytest.importorskip("deltalake")
 types = pytest.importorskip("pyspark.sql.types")
 
 from esk.projections.catalog import ReadModel  # noqa: E402
-from esk.projections.runner import ReadModelChanged, RunFailed, _table_fits  # noqa: E402
+from esk.projections.runner import ReadModelChanged, ReadModelInvalid, RunFailed, _table_fits  # noqa: E402
 
 MODEL = ReadModel("orders", (), "the orders")  # reads nothing here: only its table is looked at
 LINE = types.StructType([types.StructField("sku", types.StringType()), types.StructField("qty", types.LongType())])
@@ -97,7 +97,28 @@ def test_a_table_built_by_another_version_of_the_read_model_is_one_of_other_colu
             replace(MODEL, version=wrong)
 
 
-def _built_by(path: Path, version: int) -> None:
+def test_a_read_generation_built_by_other_writes_at_the_same_version_is_refused(tmp_path: Path) -> None:
+    """A Merge's expression changed (`t.total + s.n` to `t.total + 2 * s.n`, say) and not
+    its columns: the rows there were merged the old way, and would be merged the new way
+    onto them, unless the read model's version is raised."""
+    path, checkpoint = table(tmp_path / "t"), tmp_path / "checkpoint"
+    _built_by(path, version=1, writes="aaaa")
+    assert _table_fits(path, checkpoint, SAME, MODEL, read=True, writes="aaaa")
+    assert _table_fits(path, checkpoint, SAME, MODEL, read=True, writes=None)  # its code wants rows to get to its writes
+    with pytest.raises(ReadModelInvalid, match=r"its writes are not those its table at .* was built with .*raise its ReadModel.version"):
+        _table_fits(path, checkpoint, SAME, MODEL, read=True, writes="bbbb")
+    # a version raised with it: the columns' way (a continuous run builds it beside)
+    with pytest.raises(ReadModelChanged, match=r"\(version 1, now 2\)$"):
+        _table_fits(path, checkpoint, SAME, replace(MODEL, version=2), read=True, writes="bbbb")
+    # a table that knows no writes (built before they were noted) fits: it is given them
+    assert _table_fits(table(tmp_path / "older"), checkpoint, SAME, MODEL, read=True, writes="bbbb")
+    # one still being built starts over
+    (checkpoint / "offsets").mkdir(parents=True)
+    assert not _table_fits(path, checkpoint, SAME, MODEL, read=False, writes="bbbb")
+    assert not path.exists() and not checkpoint.exists()
+
+
+def _built_by(path: Path, version: int, writes: str | None = None) -> None:
     """The table's first commit as Spark writes it for a read model of `version` (delta-rs
     creates no table with a property it does not know, though it reads and writes one)."""
     log = path / "_delta_log" / "00000000000000000000.json"
@@ -105,4 +126,6 @@ def _built_by(path: Path, version: int) -> None:
     for action in actions:
         if "metaData" in action:
             action["metaData"]["configuration"]["esk.readModel.version"] = str(version)
+            if writes is not None:
+                action["metaData"]["configuration"]["esk.readModel.writes"] = writes
     log.write_text("".join(json.dumps(action) + "\n" for action in actions))

@@ -12,6 +12,8 @@ only then replaces CURRENT (atomically), so a reader never sees a half-built rea
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 import shutil
@@ -235,7 +237,15 @@ class PlanCheck(BatchWriter):
     a run's start, has Spark analyse each DataFrame it builds, and each Merge checked
     against the table's columns: a mistake in a read model (a column its rows do not
     have, an event of a type it does not read) is told before the query starts, not at
-    the first batch that holds an event."""
+    the first batch that holds an event. What it would write is noted (`writes`): each
+    write's kind and step, and a Merge's spec."""
+
+    writes: list[list[Any]] = field(default_factory=list)
+
+    def fingerprint(self) -> str:
+        """The writes noted, as a short digest: the same for the same specs, whatever their
+        whitespace or the order of a mapping's columns."""
+        return hashlib.sha256(json.dumps(self.writes).encode()).hexdigest()[:16]
 
     @property
     def planning(self) -> bool:
@@ -262,19 +272,32 @@ class PlanCheck(BatchWriter):
         # As the MERGE resolves them: `t.` the table's columns, `s.` the batch's
         self.read().alias("t").join(source.alias("s"), F.expr(spec.on), "full").select(*map(F.expr, expressions))
         _inserted(source, spec, self.columns)
+        self.writes.append(["merge", step, _as_noted(spec)])
         return 0
 
     def append(self, rows: DataFrame, step: str = "append") -> int:
         self._columns_held("it appends", rows.columns)
+        self.writes.append(["append", step])
         return 0
 
     def run(self, step: str, write: Callable[[], T]) -> T:
+        self.writes.append(["run", step])
         raise PlanEnds(step)
 
     def _columns_held(self, what: str, columns: Sequence[str]) -> None:
         held = self.columns.fieldNames()
         if unknown := list(dict.fromkeys(column for column in columns if column not in held)):  # once each (update and insert)
             raise ReadModelMistake(f"{what} {', '.join(unknown)}, which its table does not have (its columns: {', '.join(held)})")
+
+
+def _as_noted(spec: Merge) -> list[Any]:
+    def sql(text: str | None) -> str | None:
+        return None if text is None else " ".join(text.split())
+
+    def columns(mapping: Mapping[str, str] | None) -> list[list[str | None]] | None:
+        return None if mapping is None else sorted([column, sql(expression)] for column, expression in mapping.items())
+
+    return [sql(spec.on), columns(spec.update), sql(spec.update_if), columns(spec.insert), sql(spec.insert_if), sql(spec.delete_if)]
 
 
 @dataclass(frozen=True)

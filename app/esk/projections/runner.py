@@ -282,9 +282,9 @@ def _keep(
     spark.conf.set("spark.sql.streaming.stopTimeout", str(int(QUERY_STOP_TIMEOUT_S * 1000)))
     path = tables.path(name, generation)
     schema = _table_schema(spark, projection)
-    _create_table(spark, path, tables.checkpoint(name, generation), schema, projection.model, not held.building)
     app_id = f"esk.{settings.app}.{name}.g{generation}"
-    _check_plan(spark, projection, app_id, path, schema)
+    writes = _check_plan(spark, projection, app_id, path, schema)
+    _create_table(spark, path, tables.checkpoint(name, generation), schema, projection.model, not held.building, writes)
     # A continuous run building a generation beside the one readers use (its read model
     # changed) catches up from the earliest offsets: hours, maybe. Holding the catch-up turn
     # all that while would leave the driver's other read models, starting with it, waiting
@@ -780,20 +780,25 @@ def _table_schema(spark: SparkSession, projection: Projection) -> StructType:
     return schema
 
 
-def _check_plan(spark: SparkSession, projection: Projection, app_id: str, path: Path, schema: StructType) -> None:
+def _check_plan(spark: SparkSession, projection: Projection, app_id: str, path: Path, schema: StructType) -> str | None:
     """The read model's `apply` over no events, with a writer that writes nothing
     (PlanCheck): Spark analyses what it builds, so its mistakes are told now, in a line,
     rather than at its first batch with events, inside the streaming query's error. What
     else fails over no events is left to the batches: the runner never gives `apply` an
-    empty batch, so code that assumes rows is no mistake."""
+    empty batch, so code that assumes rows is no mistake. Returns the fingerprint of its
+    writes (PlanCheck.fingerprint); None when its code wants rows to get to them."""
+    check = PlanCheck(spark, app_id, -1, str(path), schema=schema)
     try:
         with reading(projection.model.name, projection.model.reads):
-            projection.apply(no_events(spark), PlanCheck(spark, app_id, -1, str(path), schema=schema))
+            projection.apply(no_events(spark), check)
     except (AnalysisException, ReadModelMistake) as error:
         first = _first_line(error.getMessage() if isinstance(error, AnalysisException) else str(error)) or type(error).__name__
         raise ReadModelInvalid(f"its apply, planned over no events at the run's start, fails: {first}") from error
-    except Exception:  # PlanEnds (a write of its own), or code that wants rows: left to the batches
+    except PlanEnds:  # a write of its own: what comes after it is not planned
         pass
+    except Exception:  # code that wants rows: left to the batches
+        return None
+    return check.fingerprint()
 
 
 class ReadModelChanged(Exception):
@@ -811,25 +816,32 @@ class BuiltByOtherCode(Exception):
     code than its own (a rebuild of newer code): it cannot keep that table up."""
 
 
-# The table property that records the ReadModel.version a table was built by (none: 1).
+# The table properties that record the ReadModel.version a table was built by (none: 1),
+# and the fingerprint of its writes (PlanCheck.fingerprint; none: not known).
 VERSION_PROPERTY = "esk.readModel.version"
+WRITES_PROPERTY = "esk.readModel.writes"
 
 
 def _create_table(
-    spark: SparkSession, path: Path, checkpoint: Path, schema: StructType, model: ReadModel, read: bool
+    spark: SparkSession, path: Path, checkpoint: Path, schema: StructType, model: ReadModel, read: bool, writes: str | None = None
 ) -> None:
-    """The generation's table, unless it is there as the read model declares it."""
-    if _table_fits(path, checkpoint, schema, model, read):
+    """The generation's table, unless it is there as the read model declares it. A table
+    there that knows no fingerprint of its writes (built by esk before they were noted) is
+    given this code's."""
+    if _table_fits(path, checkpoint, schema, model, read, writes):
+        if writes is not None and _delta_table(path).metadata().configuration.get(WRITES_PROPERTY) is None:
+            spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('{WRITES_PROPERTY}' = '{writes}')")
         return
+    properties = {**TABLE_PROPERTIES, VERSION_PROPERTY: str(model.version)} | ({WRITES_PROPERTY: writes} if writes else {})
     builder = DeltaTable.createIfNotExists(spark).location(str(path)).addColumns(schema)
-    for key, value in {**TABLE_PROPERTIES, VERSION_PROPERTY: str(model.version)}.items():
+    for key, value in properties.items():
         builder = builder.property(key, value)
     if model.partition_by:
         builder = builder.partitionedBy(*model.partition_by)
     builder.execute()
 
 
-def _table_fits(path: Path, checkpoint: Path, schema: StructType, model: ReadModel, read: bool) -> bool:
+def _table_fits(path: Path, checkpoint: Path, schema: StructType, model: ReadModel, read: bool, writes: str | None = None) -> bool:
     """Whether the table is there as the read model declares it. When it is there as
     another: a generation readers use (`read`) is refused, naming the changes; one still
     being built (a first run or a rebuild that stopped before readers moved to it) is
@@ -837,11 +849,18 @@ def _table_fits(path: Path, checkpoint: Path, schema: StructType, model: ReadMod
     table = _delta_table(path)
     if table is None:
         return False
-    built = _as_built(table, schema, model)
-    if not built.changes:
+    built = _as_built(table, schema, model, writes)
+    if not built.changes and not built.writes_changed:
         return True
-    if read:
+    if read and built.changes:
         raise ReadModelChanged(path, "; ".join(built.changes))
+    if read:
+        raise ReadModelInvalid(
+            f"its writes are not those its table at {path} was built with (a Merge's condition, expressions or columns, "
+            f"or its steps), and its version is the same ({model.version}): its rows would be merged one way onto rows "
+            f"merged another; raise its ReadModel.version to build it again from the events (or `esk project run "
+            f"{model.name} --rebuild`)"
+        )
     shutil.rmtree(path)
     shutil.rmtree(checkpoint, ignore_errors=True)
     return False
@@ -849,20 +868,27 @@ def _table_fits(path: Path, checkpoint: Path, schema: StructType, model: ReadMod
 
 @dataclass(frozen=True)
 class _Built:
-    """A table as it was built: the ReadModel.version that built it, and how it differs
-    from what the read model declares now (nothing: it fits)."""
+    """A table as it was built: the ReadModel.version that built it, how it differs from
+    what the read model declares now (nothing: it fits), and whether the read model's
+    writes differ from those that built it (known only when both are)."""
 
     version: int
     changes: list[str]
+    writes_changed: bool = False
 
 
-def _as_built(table: Any, schema: StructType, model: ReadModel) -> _Built:
+def _as_built(table: Any, schema: StructType, model: ReadModel, writes: str | None = None) -> _Built:
     """The table (delta-rs's, _delta_table) against what `model` declares (its columns
-    `schema`)."""
+    `schema`, its writes' fingerprint `writes`)."""
     metadata = table.metadata()
     changes = table_changes(json.loads(table.schema().to_json()), metadata.partition_columns, schema, model.partition_by)
     built_by = int(metadata.configuration.get(VERSION_PROPERTY, "1"))
-    return _Built(built_by, changes + ([f"version {built_by}, now {model.version}"] if built_by != model.version else []))
+    built_writes = metadata.configuration.get(WRITES_PROPERTY)
+    return _Built(
+        built_by,
+        changes + ([f"version {built_by}, now {model.version}"] if built_by != model.version else []),
+        None not in (writes, built_writes) and writes != built_writes,
+    )
 
 
 def _delta_table(path: Path) -> Any:
