@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import uuid
 
 import pytest
@@ -13,7 +14,7 @@ from tests.system import system
 pytestmark = pytest.mark.kafka
 
 
-async def test_ids_keys_and_numbers_are_taken_as_the_document_states_them(settings: Settings) -> None:
+async def test_ids_keys_and_numbers_are_taken_as_the_document_states_them(settings: Settings, caplog: pytest.LogCaptureFixture) -> None:
     async with system(settings) as s:
         c, account = s.client, uuid.uuid4().hex[:12]
         deposit = f"/v1/accounts/{account}/deposit"
@@ -98,3 +99,15 @@ async def test_ids_keys_and_numbers_are_taken_as_the_document_states_them(settin
         assert head.headers["etag"] == got.headers["etag"] and head.headers["content-length"] == str(len(got.content))
         r = await c.head("/v1/accounts/nosuch-account")
         assert r.status_code == 404 and r.content == b"" and r.headers["content-type"] == "application/problem+json"
+        # through the server as a client meets it: no error logged, and the connection
+        # goes on to the next request (uvicorn read a GET and waited for its body)
+        with socket.create_connection(("127.0.0.1", c.base_url.port or 80), timeout=10) as raw:
+            ask = f"HEAD /v1/accounts/{account} HTTP/1.1\r\nHost: x\r\n\r\nGET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+            raw.sendall(ask.encode())
+            answers = b""
+            while b'"status"' not in answers:
+                chunk = await asyncio.to_thread(raw.recv, 65536)
+                assert chunk, f"the connection closed after: {answers!r}"
+                answers += chunk
+        assert answers.startswith(b"HTTP/1.1 200 OK") and answers.count(b"HTTP/1.1 200 OK") == 2, answers
+        assert "Exception in ASGI application" not in caplog.text, caplog.text

@@ -110,6 +110,9 @@ def child_of(span: ReadableSpan, parent: ReadableSpan) -> bool:
     return bool(span.parent.span_id == parent.context.span_id)
 
 
+HEAD_TRACE = 0x0123_4567_89AB_CDEF_0123_4567_89AB_CDEF
+
+
 async def post(client: httpx.AsyncClient, path: str, body: Mapping[str, object], headers: dict[str, str] | None = None) -> None:
     r = await client.post(path, json=body, headers=headers)
     assert r.status_code == 200, r.text
@@ -138,8 +141,11 @@ async def test_one_trace_from_http_through_the_saga_to_its_commands(
             await wait_for(lambda: _outcome_read(spans, paid), what="the saga to read the accepted withdrawal's outcome")
         # open, deposit, withdrawal: version 3, once the replica has the withdrawal
         assert (await client.get("/v1/accounts/funded", params={"min_version": 3})).json()["state"]["balance"] == 700
+        # a HEAD is served as its GET, and its span is named by the GET's route all the same
+        assert (await client.head("/v1/accounts/funded", headers={"traceparent": traceparent(HEAD_TRACE, SPAN_ID)})).status_code == 200
 
     finished = spans.get_finished_spans()
+    Trace(finished, HEAD_TRACE).one("HEAD /v1/{type_name}/{id}", **{"http.route": "/v1/{type_name}/{id}", "http.response.status_code": 200})
     opened = Trace(finished, next(s.context.trace_id for s in finished if s.name == "POST /v1/accounts/{id}/open" and s.context))
     http = opened.one("POST /v1/accounts/{id}/open", **{"http.response.status_code": 200})
     assert http.parent is None and http.kind is SpanKind.SERVER

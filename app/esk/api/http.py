@@ -96,13 +96,14 @@ class HeadAsGet:
                 message = {"type": "http.response.body", "body": b"", "more_body": False}
             await send(message)
 
-        # In place, and put back: what the routes write into the scope (its route, for a
-        # span's name) reaches the middleware outside as for any request.
-        scope["method"] = "GET"
+        # A copy: the server reads the method of its own scope as the answer goes out (a
+        # HEAD's has no body; a GET's one of its Content-Length). What the routes write into
+        # it (its route, for a span's name) is put back for the middleware outside.
+        as_get = {**scope, "method": "GET"}
         try:
-            await self.app(scope, receive, headers_only)
+            await self.app(as_get, receive, headers_only)
         finally:
-            scope["method"] = "HEAD"
+            scope.update((key, value) for key, value in as_get.items() if key != "method")
 
 
 def _fastapi_telemetry(settings: Settings) -> dict[str, Any]:
