@@ -46,8 +46,10 @@ from esk.kafka.reader import read_committed
 from esk.kafka.topics import TopicNames, ensure_topics, topic_specs
 from esk.registry import load_registry
 from esk.settings import Settings
+from esk.subscriptions.api import event_key
 from esk.subscriptions.catalog import load_subscriptions
 from esk.subscriptions.operations import SubscriptionOperations
+from esk.subscriptions.routing import derived_command_id
 
 DEPOSIT = 10_000_000  # each funded account's starting balance: enough for every order; the empty one refuses them
 
@@ -194,7 +196,8 @@ async def commands_without_outcome(settings: Settings) -> int:
 async def verify(settings: Settings, api_url: str, ledger_path: Path, funded: list[str], operations: list[SubscriptionOperations]) -> Verdict:
     names = TopicNames(settings.app)
     verdict = Verdict()
-    orders_events = [orjson.loads(r.value) for r in await read_committed(settings, names.events("orders"))]
+    order_records = await read_committed(settings, names.events("orders"))
+    orders_events = [orjson.loads(r.value) for r in order_records]
     accounts_events = [orjson.loads(r.value) for r in await read_committed(settings, names.events("accounts"))]
     commands = [orjson.loads(r.value) for r in await read_committed(settings, names.commands)]
 
@@ -220,7 +223,7 @@ async def verify(settings: Settings, api_url: str, ledger_path: Path, funded: li
     withdrawals = Counter(e["command_id"] for e in accounts_events if e["type"] == "Withdrawn")
     cancels = Counter(e["command_id"] for e in orders_events if e["type"] == "Cancelled")
     spent: Counter[str] = Counter()
-    for event in orders_events:
+    for record, event in zip(order_records, orders_events, strict=True):
         if event["type"] != "Placed":
             continue
         verdict.orders += 1
@@ -229,8 +232,8 @@ async def verify(settings: Settings, api_url: str, ledger_path: Path, funded: li
         if data.get("pay_from") is None:
             continue
         verdict.orders_with_pay_from += 1
-        withdraw_id = f"payments:{event['event_id']}:0"
-        paid, cancelled = withdrawals[withdraw_id], cancels[f"payments:{withdraw_id}:0"]
+        withdraw_id = derived_command_id("payments", event_key(event["event_id"], record.partition, record.offset), 0)
+        paid, cancelled = withdrawals[withdraw_id], cancels[derived_command_id("payments", withdraw_id, 0)]
         verdict.paid += paid
         verdict.cancelled += cancelled
         spent[data["pay_from"]] += total * paid

@@ -5,17 +5,22 @@ again, the processor answering the replayed command ids with their first outcome
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
+from datetime import timedelta
 from pathlib import Path
 
 import httpx
 import pytest
 
+from domain.orders import orders
+from esk.kafka.topics import ensure_topics, topic_specs
+from esk.registry import load_registry
 from esk.settings import Settings
 from esk.subscriptions.operations import RefusedError, SubscriptionOperations
 from subscriptions import payments
 from tests.subscriptions.running import subscriber, subscriber_settings
-from tests.system import events_topic, read_topic, system, wait_for
+from tests.system import api, events_topic, processor, read_topic, system, wait_for, with_state_dirs
 
 pytestmark = pytest.mark.kafka
 
@@ -93,3 +98,35 @@ async def _effects(settings: Settings) -> tuple[Counter[str], Counter[str]]:
     )
     cancelled = Counter(e["aggregate_id"] for _, e, _ in await read_topic(settings, events_topic(settings, "orders")) if e["type"] == "Cancelled")
     return withdrawn, cancelled
+
+
+async def test_an_order_placed_anew_after_it_expired_is_paid_anew(settings: Settings, tmp_path: Path) -> None:
+    """A deleted order expires, and its id is placed again: its new Placed has the event id
+    of the first (`orders/<id>/1`), and a command id derived from that alone was the first
+    payment's, which the processor still remembered (its de-duplication window is days):
+    answered as its duplicate, the second payment was dropped without a word."""
+    registry = {**load_registry(settings.domain), "orders": dataclasses.replace(orders, retention=timedelta(seconds=1))}
+    settings = subscriber_settings(settings, tmp_path / "subscriptions")
+    settings = settings.model_copy(update={"processor": settings.processor.model_copy(update={"expiry_interval_s": 0.2})})
+    await ensure_topics(settings, topic_specs(settings, registry))
+    order = {"customer_id": "c1", "lines": [{"sku": "a", "qty": 1, "price": 100}], "pay_from": "twice"}
+    async with api(with_state_dirs(settings, "a0"), registry) as client, processor(with_state_dirs(settings, "p0"), registry):
+        await post(client, "/v1/accounts/twice/open", {"owner": "o"})
+        await post(client, "/v1/accounts/twice/deposit", {"amount": 1000})
+        async with subscriber(settings, payments, registry):
+            await post(client, "/v1/orders/again/place", order)
+            await wait_for(lambda: _balance_is(client, "twice", 900), what="the first payment")
+            await post(client, "/v1/orders/again/delete", {})
+            await wait_for(lambda: _gone(client, "/v1/orders/again"), what="the deleted order to expire")
+            await post(client, "/v1/orders/again/place", order)
+            await wait_for(lambda: _balance_is(client, "twice", 800), what="the second payment")
+    withdrawn = [e["command_id"] for _, e, _ in await read_topic(settings, events_topic(settings, "accounts")) if e["type"] == "Withdrawn"]
+    assert len(withdrawn) == 2 and withdrawn[0] != withdrawn[1], withdrawn
+
+
+async def _balance_is(client: httpx.AsyncClient, account: str, balance: int) -> bool:
+    return bool((await client.get(f"/v1/accounts/{account}")).json()["state"]["balance"] == balance)
+
+
+async def _gone(client: httpx.AsyncClient, path: str) -> bool:
+    return (await client.get(path)).status_code == 404

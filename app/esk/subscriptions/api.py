@@ -54,8 +54,15 @@ class Context:
 
     @property
     def idempotency_key(self) -> str:
-        """The same for every delivery of this event to this subscription."""
-        return f"{self.subscription}:{self.event_id}"
+        """The same for every delivery of this event to this subscription, and another for
+        any other event, that of an aggregate created anew after it expired included."""
+        return f"{self.subscription}:{event_key(self.event_id, self.partition, self.offset)}"
+
+
+def event_key(event_id: str, partition: int, offset: int) -> str:
+    """An event's id with its place on its topic: an event id (`<type>/<id>/<version>`) is
+    used again by an aggregate created anew after it expired, and its place is not."""
+    return f"{event_id}@{partition}.{offset}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,9 @@ field of an encoded Outcome (protocol.py encodes a record's fields in their decl
 order), so that is a prefix test on the raw bytes too.
 
 The commands a reactor sends get ids derived from what it was handling:
-`<subscription>:<event id>:<n>` (the n-th command of that handler call), and from an
+`<subscription>:<event id>@<partition>.<offset>:<n>` (the n-th command of that handler
+call; the event's place as well as its id, which an aggregate created anew after it
+expired uses again), and from an
 outcome `<subscription>:<that command's id>:<n>`. Handling the same event again, after a
 crash or in a replay, sends the same ids, and the processor answers a command id it has
 seen with its first outcome.
@@ -16,6 +18,7 @@ seen with its first outcome.
 
 from __future__ import annotations
 
+import re
 import reprlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -26,7 +29,7 @@ from aiokafka.structs import ConsumerRecord
 from ..domain.aggregate import AggregateType, Event, one_line
 from ..kafka.topics import TopicNames
 from ..protocol import CommandEnvelope, DecodeError, EventRecord, Outcome
-from .api import AnySubscription, CommandOutcome, Context, DatabaseContext, Origin, OutcomeContext, Reactor, Send
+from .api import AnySubscription, CommandOutcome, Context, DatabaseContext, Origin, OutcomeContext, Reactor, Send, event_key
 from .parking import header
 
 Handler = Callable[[Any, Any], Awaitable[Any]]
@@ -70,6 +73,11 @@ class EventDelivery:
         return self.record.event_id
 
     @property
+    def key(self) -> str:
+        """What the ids of the commands a reactor sends for it derive from (`event_key`)."""
+        return event_key(self.record.event_id, self.partition, self.offset)
+
+    @property
     def correlation_id(self) -> str:
         return self.record.correlation_id
 
@@ -93,6 +101,10 @@ class OutcomeDelivery:
 
     @property
     def source_id(self) -> str:
+        return self.outcome.command_id
+
+    @property
+    def key(self) -> str:
         return self.outcome.command_id
 
     @property
@@ -186,14 +198,19 @@ def command_outcome(outcome: Outcome, subscription: str) -> CommandOutcome:
     )
 
 
-def derived_command_id(subscription: str, source_id: str, n: int) -> str:
-    return f"{subscription}:{source_id}:{n}"
+def derived_command_id(subscription: str, key: str, n: int) -> str:
+    """The id of the `n`th command a reactor sends for a delivery of `key` (its `key`)."""
+    return f"{subscription}:{key}:{n}"
+
+
+_PLACE = re.compile(r"@\d+\.\d+")
 
 
 def origin_of(subscription: str, command_id: str) -> Origin | None:
     """The event a command id of `derived_command_id`'s making was derived from, through any
     number of outcomes. An event id is `<type>/<id>/<version>`, and a type name holds no
-    `:`, so an event id never begins with `<subscription>:`."""
+    `:`, so an event id never begins with `<subscription>:`; its place follows it
+    (`event_key`), or not, in an id derived by esk before places were."""
     prefix = f"{subscription}:"
     rest, depth = command_id, 0
     while rest.startswith(prefix):
@@ -202,6 +219,9 @@ def origin_of(subscription: str, command_id: str) -> Origin | None:
         rest, separator, n = rest.rpartition(":")
         if not separator or not n.isdigit():
             return None
+    event_id, at, place = rest.rpartition("@")
+    if at and _PLACE.fullmatch(at + place):
+        rest = event_id
     aggregate_type, _, after_type = rest.partition("/")
     aggregate_id, _, version = after_type.rpartition("/")
     if depth == 0 or not aggregate_type or not aggregate_id or not version.isdigit():
@@ -217,7 +237,7 @@ async def reactor_commands(subscription: str, delivery: Delivery, replaying: boo
         raise HandlerMistake(f"a reactor handler returns a list of Send (`[]` for none), not {'None' if sends is None else type(sends).__name__}")
     if strays := [s for s in sends if not isinstance(s, Send)]:  # a command not wrapped in Send, most often
         raise HandlerMistake(f"a reactor handler returns a list of Send (`[]` for none); it held {reprlib.repr(strays[0])}")
-    return [(derived_command_id(subscription, delivery.source_id, n), send) for n, send in enumerate(sends)]
+    return [(derived_command_id(subscription, delivery.key, n), send) for n, send in enumerate(sends)]
 
 
 def command_envelope(command_id: str, send: Send, delivery: Delivery) -> CommandEnvelope:
