@@ -8,9 +8,13 @@ versions are upcast by the very upcasters the domain uses.
 
 from __future__ import annotations
 
+import datetime
+import decimal
+import enum
 import math
 import types
 import typing
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -27,12 +31,16 @@ from pyspark.sql.types import (
     ArrayType,
     BooleanType,
     DataType,
+    DateType,
+    DecimalType,
     DoubleType,
     IntegerType,
     LongType,
+    MapType,
     StringType,
     StructField,
     StructType,
+    TimestampType,
 )
 
 from ..domain.aggregate import AggregateType, Event
@@ -42,27 +50,67 @@ from ..registry import Registry, load_registry
 from ..settings import Settings
 from .catalog import ReadModelMistake
 
+# As pydantic writes them in JSON, and Spark's from_json reads them back: a date as
+# "2025-06-01", a datetime in ISO 8601 (any fraction, any offset), a Decimal as a string.
+_SIMPLE: dict[Any, DataType] = {
+    bool: BooleanType(), int: LongType(), float: DoubleType(), str: StringType(),  # bool before int: it is one
+    datetime.datetime: TimestampType(), datetime.date: DateType(), decimal.Decimal: DecimalType(38, 18),  # datetime is a date
+    # written as strings that Spark has no type of its own for: read as the text
+    uuid.UUID: StringType(), datetime.time: StringType(), datetime.timedelta: StringType(), bytes: StringType(),
+    typing.Any: StringType(),  # Spark's StringType reads any JSON value as its text
+}
+
 
 def spark_type(annotation: Any) -> DataType:
-    """The Spark type of a pydantic field annotation (what the example domains use)."""
+    """The Spark type of a pydantic field annotation; ReadModelMistake for one that has none
+    (a read model then reads that field with its own `F.from_json`)."""
     origin = typing.get_origin(annotation)
+    arguments = typing.get_args(annotation)
+    if origin is typing.Annotated:  # constrained types (conint, Field(...) in Annotated)
+        return spark_type(arguments[0])
     if origin in (typing.Union, types.UnionType):
-        inner = [a for a in typing.get_args(annotation) if a is not type(None)]
-        return spark_type(inner[0])
-    if origin is list:
-        return ArrayType(spark_type(typing.get_args(annotation)[0]))
+        return _one_of([spark_type(a) for a in arguments if a is not type(None)])
+    if origin in (list, set, frozenset) or (origin is tuple and len(arguments) == 2 and arguments[1] is Ellipsis):
+        return ArrayType(spark_type(arguments[0]))
+    if origin is tuple:  # a fixed tuple: a JSON array, whose items must share a type
+        return ArrayType(_one_of([spark_type(a) for a in arguments], annotation))
+    if origin is dict:
+        return MapType(StringType(), spark_type(arguments[1]))  # a JSON object's keys are strings
+    if origin is typing.Literal:
+        return _one_of([spark_type(type(value)) for value in arguments])
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return spark_schema(annotation)
-    simple: dict[Any, DataType] = {bool: BooleanType(), int: LongType(), float: DoubleType(), str: StringType()}
-    if annotation in simple:
-        return simple[annotation]
-    if origin is typing.Literal:
-        return StringType()
-    raise TypeError(f"no Spark type for {annotation!r}")
+    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+        return _one_of([spark_type(type(member.value)) for member in annotation])
+    for kind, spark in _SIMPLE.items():  # a subclass (an IntEnum is an int) is its base's
+        if annotation is kind or (isinstance(annotation, type) and isinstance(kind, type) and issubclass(annotation, kind)):
+            return spark
+    raise ReadModelMistake(f"no Spark type for {annotation!r}")
+
+
+def _one_of(options: list[DataType], annotation: Any = None) -> DataType:
+    """The one Spark type of a union's members: theirs if they share it, a double for
+    numbers, else the JSON text. A fixed tuple's items (`annotation`) must share one."""
+    distinct = list(dict.fromkeys(options))
+    if len(distinct) == 1:
+        return distinct[0]
+    if annotation is not None:
+        raise ReadModelMistake(f"no Spark type for {annotation!r}: its items differ in type (a JSON array's share one)")
+    if set(distinct) <= {LongType(), DoubleType()}:
+        return DoubleType()
+    return StringType()
 
 
 def spark_schema(model: type[BaseModel]) -> StructType:
-    return StructType([StructField(name, spark_type(field.annotation)) for name, field in model.model_fields.items()])
+    fields = []
+    for name, field in model.model_fields.items():
+        try:
+            fields.append(StructField(name, spark_type(field.annotation)))
+        except ReadModelMistake as error:
+            raise ReadModelMistake(
+                f"{model.__name__}.{name}: {error}; read it from the event's `data` with F.from_json and a type of your own"
+            ) from None
+    return StructType(fields)
 
 
 def _envelope_type(name: str, annotation: Any) -> DataType:

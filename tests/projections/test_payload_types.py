@@ -1,0 +1,125 @@
+"""An event's fields as `payload` reads them: the Spark type of each pydantic annotation
+(projections/events.py `spark_type`), and the values Spark's from_json reads back from the
+JSON pydantic writes, as the processor writes events."""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+import enum
+import uuid
+from typing import Annotated, Any, Literal
+
+import orjson
+import pytest
+from pydantic import BaseModel, Field
+
+pytest.importorskip("pyspark")
+
+from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    ArrayType,
+    BooleanType,
+    DateType,
+    DecimalType,
+    DoubleType,
+    LongType,
+    MapType,
+    StringType,
+    TimestampType,
+)
+
+from esk.projections.catalog import ReadModelMistake
+from esk.projections.events import spark_schema, spark_type
+
+
+class Shelf(enum.StrEnum):
+    TOP = "top"
+    LOW = "low"
+
+
+class Priority(enum.IntEnum):
+    LOW = 1
+    HIGH = 2
+
+
+class Line(BaseModel):
+    sku: str
+    qty: int
+
+
+class Borrowed(BaseModel):
+    due: datetime.date
+    at: datetime.datetime
+    fee: decimal.Decimal
+    loan: uuid.UUID
+    shelf: Shelf
+    priority: Priority
+    counts: dict[str, int]
+    spot: tuple[int, int]
+    tags: set[str]
+    lines: list[Line]
+    note: str | None = None
+    code: int | str = 0
+    weight: int | float = 0
+    kind: Literal["a", "b"] = "a"
+    size: Annotated[int, Field(ge=0)] = 0
+    extra: Any = None
+
+
+@pytest.mark.parametrize(
+    ("annotation", "spark"),
+    [
+        (bool, BooleanType()), (int, LongType()), (float, DoubleType()), (str, StringType()),
+        (datetime.date, DateType()), (datetime.datetime, TimestampType()), (decimal.Decimal, DecimalType(38, 18)),
+        (uuid.UUID, StringType()), (Shelf, StringType()), (Priority, LongType()),
+        (dict[str, int], MapType(StringType(), LongType())), (tuple[int, int], ArrayType(LongType())),
+        (tuple[str, ...], ArrayType(StringType())), (set[str], ArrayType(StringType())),
+        (str | None, StringType()), (int | str, StringType()), (int | float, DoubleType()),
+        (Literal["a", "b"], StringType()), (Literal[1, 2], LongType()), (Annotated[int, Field(ge=0)], LongType()),
+    ],
+)
+def test_each_annotation_has_its_spark_type(annotation: Any, spark: Any) -> None:
+    assert spark_type(annotation) == spark
+
+
+def test_a_field_of_no_spark_type_is_named_with_the_way_round_it() -> None:
+    class Odd(BaseModel):
+        pair: tuple[int, str]
+
+    with pytest.raises(ReadModelMistake, match=r"^Odd.pair: no Spark type for tuple\[int, str\]: its items differ in type .*F.from_json"):
+        spark_schema(Odd)
+    with pytest.raises(ReadModelMistake, match="no Spark type for <class 'object'>"):
+        spark_type(object)
+
+
+@pytest.mark.spark
+def test_spark_reads_back_what_pydantic_writes(spark: Any) -> None:
+    event = Borrowed(
+        due=datetime.date(2025, 6, 1),
+        at=datetime.datetime(2025, 6, 1, 9, 30, 15, 123456, tzinfo=datetime.timezone(datetime.timedelta(hours=2))),
+        fee=decimal.Decimal("1.50"),
+        loan=uuid.UUID("12345678-1234-5678-1234-567812345678"),
+        shelf=Shelf.LOW,
+        priority=Priority.HIGH,
+        counts={"a": 1},
+        spot=(3, 4),
+        tags={"x"},
+        lines=[Line(sku="s", qty=2)],
+        note=None,
+        code="c7",
+        weight=2.5,
+        kind="b",
+        size=3,
+        extra={"any": [1]},
+    )
+    data = orjson.dumps(event.model_dump(mode="json")).decode()  # as the processor writes it
+    [row] = spark.createDataFrame([(data,)], "data string").select(F.from_json("data", spark_schema(Borrowed)).alias("p")).collect()
+    read = row["p"].asDict(recursive=True)
+    assert read["due"] == datetime.date(2025, 6, 1)
+    assert read["at"].astimezone(datetime.UTC) == event.at.astimezone(datetime.UTC)  # to the microsecond
+    assert read["fee"] == decimal.Decimal("1.50")
+    assert (read["loan"], read["shelf"], read["priority"]) == ("12345678-1234-5678-1234-567812345678", "low", 2)
+    assert (read["counts"], read["spot"], read["tags"], read["lines"]) == ({"a": 1}, [3, 4], ["x"], [{"sku": "s", "qty": 2}])
+    assert (read["note"], read["code"], read["weight"], read["kind"], read["size"]) == (None, "c7", 2.5, "b", 3)
+    assert orjson.loads(read["extra"]) == {"any": [1]}
