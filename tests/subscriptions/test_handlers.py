@@ -32,7 +32,7 @@ from esk import (
 from esk.protocol import EventRecord, Outcome, Status
 from esk.subscriptions.database_sink import DatabaseSink, load_parked, prepare, read_offsets
 from esk.subscriptions.parking import ParkedEvent, ParkStatus
-from esk.subscriptions.routing import Router, Undecodable, origin_of
+from esk.subscriptions.routing import HandlerMistake, Router, Undecodable, origin_of, reactor_commands
 from esk.subscriptions.worker import TAKEN_UP_BEHIND_NOTHING, WAITS_BEHIND, PartitionWorker, resolve_parked
 from subscriptions import customer_ledger, payments
 
@@ -287,6 +287,39 @@ async def test_a_reactor_handler_that_answers_no_list_of_send_parks_its_event_at
         None: ", not None", "generator": ", not generator", "one Send": ", not Send", "a command": "; it held Withdraw(amount=1)"
     }[answer]
     assert run.parked[0].reason == f"HandlerMistake: a reactor handler returns a list of Send (`[]` for none){told}"
+
+
+async def test_a_command_sent_to_an_aggregate_type_that_does_not_take_it_parks_its_event_at_once() -> None:
+    sub = Reactor("mixed_up", reads=[orders])
+
+    @sub.on(Placed)
+    async def pay(event: Placed, ctx: Context) -> list[Send]:
+        return [Send(orders, "o1", Withdraw(amount=1))]  # an accounts command
+
+    run = await run_subscription(sub, [("o1", placed())], retries=Retries(attempts=3, first_delay_s=0.01))
+    assert run.commands == [] and [p.attempts for p in run.parked] == [1]
+    assert run.parked[0].reason == (
+        "HandlerMistake: it sends Withdraw to orders, whose commands are Place, AddLine, Ship, Cancel, Delete"
+    )
+
+
+async def test_a_command_sent_to_an_aggregate_type_the_domain_does_not_register_is_refused() -> None:
+    """The processor would answer it unknown_aggregate_type, an outcome no one reads."""
+    sub = Reactor("strays", reads=[orders])
+
+    @sub.on(Placed)
+    async def pay(event: Placed, ctx: Context) -> list[Send]:
+        return [Send(accounts, "a1", Withdraw(amount=1))]
+
+    record = order_record(0, "o1", "Placed", EventRecord(
+        "orders/o1/1", "orders", "o1", 1, "Placed", Placed.schema_version, placed().model_dump(mode="json"), "c", "c", "c", 0
+    ).encode())  # fmt: skip
+    router = Router(sub, {"orders": orders}, "test")
+    delivery = router.decode(record, router.select(record))  # type: ignore[arg-type]
+    assert delivery is not None
+    with pytest.raises(HandlerMistake, match=r"^it sends Withdraw to accounts, which ESK_DOMAIN does not register$"):
+        await reactor_commands("strays", delivery, False, router.registry)
+    assert await reactor_commands("strays", delivery, False, {"orders": orders, "accounts": accounts})
 
 
 class PlacedNewer(Placed):

@@ -86,7 +86,7 @@ class TransactionalUnit(Unit):
 
     async def apply(self, delivery: Delivery, replaying: bool) -> None:
         commands = self.sink.router.commands_topic
-        sends = await reactor_commands(self.sink.subscription.name, delivery, replaying)
+        sends = await reactor_commands(self.sink.subscription.name, delivery, replaying, self.sink.router.registry)
         # The worker's span for this delivery is current: the processor's handling of these
         # commands joins its trace.
         headers = tracing.headers_for() if self.sink.traced and sends else None

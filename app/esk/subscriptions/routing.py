@@ -229,14 +229,27 @@ def origin_of(subscription: str, command_id: str) -> Origin | None:
     return Origin(rest, aggregate_type, aggregate_id, int(version))
 
 
-async def reactor_commands(subscription: str, delivery: Delivery, replaying: bool) -> list[tuple[str, Send]]:
-    """Run a reactor's handler; return its commands, each with its derived id."""
+async def reactor_commands(
+    subscription: str, delivery: Delivery, replaying: bool, registry: Mapping[str, AggregateType[Any]] | None = None
+) -> list[tuple[str, Send]]:
+    """Run a reactor's handler; return its commands, each with its derived id. `registry`:
+    the domain the processor runs, which each command's aggregate type must be in."""
     sends = await call_handler(delivery, subscription, replaying)
     # None too: a `return` forgotten on one path would drop its commands without a word.
     if not isinstance(sends, Sequence) or isinstance(sends, str):
         raise HandlerMistake(f"a reactor handler returns a list of Send (`[]` for none), not {'None' if sends is None else type(sends).__name__}")
     if strays := [s for s in sends if not isinstance(s, Send)]:  # a command not wrapped in Send, most often
         raise HandlerMistake(f"a reactor handler returns a list of Send (`[]` for none); it held {reprlib.repr(strays[0])}")
+    for send in sends:
+        aggregate_type = send.aggregate_type
+        if type(send.command) not in aggregate_type.commands.values():
+            raise HandlerMistake(
+                f"it sends {type(send.command).__name__} to {aggregate_type.name}, whose commands are "
+                f"{', '.join(c.__name__ for c in aggregate_type.commands.values())}"
+            )
+        # the processor would answer it unknown_aggregate_type, which no one reads
+        if registry is not None and aggregate_type.name not in registry:
+            raise HandlerMistake(f"it sends {type(send.command).__name__} to {aggregate_type.name}, which ESK_DOMAIN does not register")
     return [(derived_command_id(subscription, delivery.key, n), send) for n, send in enumerate(sends)]
 
 
