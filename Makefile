@@ -116,7 +116,7 @@ subscriptions-crash: setup
 # tests/cluster runs a short version of it.
 # The read model on a 2-worker Spark standalone cluster, and a batch run again after a crash.
 spark-cluster-test: setup
-	ESK_SPARK_CLUSTER_RERUN=1 $(PY) -m pytest -p no:cacheprovider tests/projections/test_spark_cluster.py
+	SPARK_CLUSTER_TEST_RERUN=1 $(PY) -m pytest -p no:cacheprovider tests/projections/test_spark_cluster.py
 
 cluster-test: setup
 	$(PY) -m bench.cluster_kill --minutes 5

@@ -25,7 +25,7 @@ from .kafka.topics import coordinators_ready, ensure_topics, missing_topics, top
 from .logs import configure_logging
 from .registry import ImportFailed, Registry, SettingMistake, load_registry
 from .schema.lock import LOCK_FILE, Lock, LockError, build_lock, project_lock, read_lock, write_lock
-from .settings import Settings, SettingsInvalid, read_settings
+from .settings import Settings, SettingsInvalid, read_settings, unknown_variables
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -89,6 +89,11 @@ def load_settings(**overrides: Any) -> Settings:
             settings = settings.model_copy(update={section: value})
     configure_logging(settings.log_level, settings.log_format)
     _errors_as_json = settings.log_format == "json"
+    from .runtime import DEV_CHILD_VARIABLE
+
+    if DEV_CHILD_VARIABLE not in os.environ:  # esk dev said it, for each process it starts
+        for told in unknown_variables():
+            log.warning(f"{told}: it is passed over")
     return settings
 
 

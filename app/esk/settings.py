@@ -6,6 +6,7 @@ Kafka client security options are passed through untouched (see `kafka.client_op
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import types
@@ -13,6 +14,7 @@ import typing
 from pathlib import Path
 from typing import Any, Literal
 
+from dotenv import dotenv_values
 from pydantic import BaseModel, Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
@@ -321,6 +323,36 @@ def _not_json(error: SettingsError) -> str:
     if wrong:
         return f"{', '.join(wrong)}: not JSON (a section, a list or a mapping is read from JSON, e.g. [\"a\", \"b\"])"
     return str(error)  # from .env
+
+
+# ESK_ variables esk reads that are no field of Settings.
+_OTHER_VARIABLES = frozenset({"ESK_CACHE_DIR", "ESK_SPARK_SUBMITTED"})
+
+
+def unknown_variables(env_file: str = ".env") -> list[str]:
+    """The ESK_* variables set (in the environment, or in `env_file`) that name no setting,
+    each with the one it may be a misspelling of: pydantic passes over them, and the setting
+    meant keeps its default (a port, a broker's address) without a word."""
+    known = {_variable(path) for path in _fields(Settings, [])} | _OTHER_VARIABLES
+    given = {name.upper(): "" for name in os.environ if name.upper().startswith("ESK_")}
+    if Path(env_file).is_file():
+        given |= {name.upper(): f" (in {env_file})" for name in dotenv_values(env_file) if name.upper().startswith("ESK_")}
+    told = []
+    for name in sorted(given.keys() - known):
+        close = difflib.get_close_matches(name, known, n=1)
+        told.append(f"{name}{given[name]} is no setting of esk{f': {close[0]}, perhaps' if close else ''}")
+    return told
+
+
+def _fields(model: type[BaseModel], path: list[str]) -> typing.Iterator[list[str]]:
+    """The paths of `model`'s fields, and of its sections' fields."""
+    for name, field in model.model_fields.items():
+        yield [*path, name]
+        annotation = field.annotation
+        choices = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) else (annotation,)
+        for choice in choices:
+            if isinstance(choice, type) and issubclass(choice, BaseModel):
+                yield from _fields(choice, [*path, name])
 
 
 def _json_fields(model: type[BaseModel], path: list[str]) -> typing.Iterator[list[str]]:

@@ -4,13 +4,14 @@ fields by their dotted path, over many lines, under a traceback)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from esk.settings import SettingsInvalid, read_settings
+from esk.settings import SettingsInvalid, read_settings, unknown_variables
 
 
 @pytest.mark.parametrize(
@@ -75,3 +76,29 @@ def test_with_json_logs_a_wrong_setting_is_told_in_json(tmp_path: Path) -> None:
     [line] = result.stderr.splitlines()
     told = json.loads(line)
     assert told["level"] == "ERROR" and told["message"] == "ESK_API__PORT: Input should be a valid integer, unable to parse string as an integer"
+
+
+def test_a_variable_that_names_no_setting_is_told_with_the_one_it_may_mean(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """pydantic passes over it: the setting meant keeps its default (a port on a shared machine)."""
+    for name in [n for n in os.environ if n.upper().startswith("ESK_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ESK_API__PROT", "19111")
+    monkeypatch.setenv("esk_brokr__port", "19100")  # any case, as pydantic reads them
+    monkeypatch.setenv("ESK_API__PORT", "19110")
+    monkeypatch.setenv("ESK_CACHE_DIR", "/tmp")  # read by esk, no field of Settings
+    monkeypatch.setenv("ESK_API", "{}")  # a section given whole
+    (tmp_path / ".env").write_text("ESK_KAFKA__BOOTSTRAP_SERVRS=localhost:9092\nESK_APP=shop\nOTHER=1\n")
+    assert unknown_variables() == [
+        "ESK_API__PROT is no setting of esk: ESK_API__PORT, perhaps",
+        "ESK_BROKR__PORT is no setting of esk: ESK_BROKER__PORT, perhaps",
+        "ESK_KAFKA__BOOTSTRAP_SERVRS (in .env) is no setting of esk: ESK_KAFKA__BOOTSTRAP_SERVERS, perhaps",
+    ]
+    monkeypatch.setenv("ESK_ZZZZZZZZ", "1")
+    assert "ESK_ZZZZZZZZ is no setting of esk" in unknown_variables()
+    # every command says so as it starts
+    result = subprocess.run(
+        [sys.executable, "-m", "esk", "project", "list"],
+        cwd=tmp_path, env={"ESK_API__PROT": "19111", "PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=60,
+    )
+    assert "WARNING" in result.stderr and "ESK_API__PROT is no setting of esk: ESK_API__PORT, perhaps: it is passed over" in result.stderr

@@ -41,7 +41,7 @@ NAME = "account_balances"
 PROJECTION = {p.model.name: p for p in READ_MODELS}[NAME]
 # `make spark-cluster-test` also runs a batch again after a crash (another submit: a
 # driver and two executors more, about a minute); `make test` leaves that out.
-RERUN = os.environ.get("ESK_SPARK_CLUSTER_RERUN") == "1"
+RERUN = os.environ.get("SPARK_CLUSTER_TEST_RERUN") == "1"
 MAX_OFFSETS_PER_TRIGGER = 40  # two micro-batches (transaction markers take offsets too), so the merges compose across batches
 
 

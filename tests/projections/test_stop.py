@@ -28,7 +28,7 @@ from tests.system import System, esk_env, esk_process, system, wait_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
-BATCH_STARTED = "ESK_TEST_BATCH_STARTED"  # a file the read model writes as a batch starts
+BATCH_STARTED = "TEST_BATCH_STARTED"  # a file the read model writes as a batch starts
 BATCH_S = 4.0  # how long each batch then takes: the stop lands in the middle of it
 [TOTALS] = USER_READ_MODELS
 NAME = TOTALS.model.name
