@@ -66,10 +66,10 @@ def test_a_filter_on_no_such_column_or_of_the_wrong_type_is_refused(written: tup
     tables, _ = written
     with pytest.raises(BadFilter, match="no column 'nope'"):
         read_rows(tables, RANKED, {"nope": "1"}, 10)
-    with pytest.raises(BadFilter, match=r"^total: 'many' is not a valid int64$"):
+    with pytest.raises(BadFilter, match=r"^total: 'many' is not a whole number a 64-bit column holds$"):
         read_rows(tables, RANKED, {"total": "many"}, 10)
     for beyond in (str(2**63), str(-(2**63) - 1)):  # no int64 holds it (schemathesis found a 500)
-        with pytest.raises(BadFilter, match=rf"^total: '{beyond}' is not a valid int64$"):
+        with pytest.raises(BadFilter, match=rf"^total: '{beyond}' is not a whole number a 64-bit column holds$"):
             read_rows(tables, RANKED, {"total": beyond}, 10)
     with pytest.raises(ReadModelNotBuilt):
         read_rows(Tables(tmp_path / "empty"), RANKED, {}, 10)
@@ -88,7 +88,7 @@ def test_a_timestamp_filter_without_an_offset_is_read_as_utc(tmp_path: Path) -> 
     for given in (row["placed_at"], "2026-11-26T14:38:52.965", "2026-11-26T14:38:52.965Z", "2026-11-26T15:38:52.965+01:00"):
         assert read_rows(tables, orders, {"placed_at": given}, 10) == [row], given
     assert [r["order_id"] for r in read_rows(tables, orders, {"placed_at": "2026-11-27"}, 10)] == ["o2"]  # midnight
-    with pytest.raises(BadFilter, match="'yesterday' is not a valid timestamp"):
+    with pytest.raises(BadFilter, match=r"'yesterday' is not a date and time in ISO 8601 \(2025-06-01T09:30:00Z\)$"):
         read_rows(tables, orders, {"placed_at": "yesterday"}, 10)
     # a TIMESTAMP_NTZ column (a wall-clock time, no zone) compares as given
     wall = pa.array([datetime(2026, 11, 26, 14, 38), datetime(2026, 11, 27)], pa.timestamp("us"))
@@ -106,7 +106,7 @@ def test_a_boolean_column_is_filtered_as_json_writes_it_and_an_unfilterable_one_
     items = esk.ReadModel("items", (counters,), "items", order_by=("item_id",))
     assert [r["item_id"] for r in read_rows(tables, items, {"discontinued": "true"}, 10)] == ["i1"]
     assert [r["item_id"] for r in read_rows(tables, items, {"discontinued": "false"}, 10)] == ["i2"]
-    with pytest.raises(BadFilter, match=r"^discontinued: 'yes' is not a valid bool$"):
+    with pytest.raises(BadFilter, match=r"^discontinued: 'yes' is not true or false$"):
         read_rows(tables, items, {"discontinued": "yes"}, 10)
     # pyarrow compares no string with it (the API answered 500): refused, as /openapi.json leaves it out
     with pytest.raises(BadFilter, match=r"^price is a decimal128\(10, 2\) column: rows are not filtered on one$"):

@@ -161,10 +161,13 @@ def _another_command(outcome: Outcome, aggregate_type: AggregateType[Any], aggre
     another payload"); None when it is this command's, with this payload (its `digest`), on
     the aggregate. An outcome of a release that kept no digest is told by the command and
     aggregate alone."""
+    same_command = (outcome.aggregate_type, outcome.aggregate_id, outcome.command) == (aggregate_type.name, aggregate_id, command)
     other_payload = outcome.payload_digest not in (None, digest)
-    if (outcome.aggregate_type, outcome.aggregate_id, outcome.command) == (aggregate_type.name, aggregate_id, command) and not other_payload:
+    if same_command and not other_payload:
         return None
-    return f"{outcome.command} on {outcome.aggregate_type}/{outcome.aggregate_id}{' with another payload' if other_payload else ''}"
+    # "with another payload" only where it is all that differs: said of another command, it
+    # reads as if the command were the same
+    return f"{outcome.command} on {outcome.aggregate_type}/{outcome.aggregate_id}{' with another payload' if same_command else ''}"
 
 
 def _refuse_another_command(outcome: Outcome, aggregate_type: AggregateType[Any], aggregate_id: str, command: str, digest: str) -> None:

@@ -123,11 +123,24 @@ def _convert(column: str, raw: str, arrow_type: Any, pa: Any) -> Any:
             # (the sessions' time zone), as the rows show them
             return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
     except (ValueError, OverflowError, KeyError):  # pyarrow's ArrowInvalid is a ValueError
-        raise BadFilter(f"{column}: {raw!r} is not a valid {arrow_type}") from None
+        raise BadFilter(f"{column}: {raw!r} is not {_as_given(arrow_type, pa)}") from None
     if pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type) or pa.types.is_string_view(arrow_type):
         return raw
     # as /openapi.json states: no filter on it (pyarrow could not compare a string with it)
     raise BadFilter(f"{column} is a {arrow_type} column: rows are not filtered on one")
+
+
+def _as_given(arrow_type: Any, pa: Any) -> str:
+    """What a filter on a column of `arrow_type` is given, in words rather than Arrow's."""
+    if pa.types.is_boolean(arrow_type):
+        return "true or false"
+    if pa.types.is_integer(arrow_type):
+        return f"a whole number a {arrow_type.bit_width}-bit column holds"
+    if pa.types.is_floating(arrow_type):
+        return "a number"
+    if pa.types.is_date(arrow_type):
+        return "a date (YYYY-MM-DD)"
+    return "a date and time in ISO 8601 (2025-06-01T09:30:00Z)"  # a timestamp: the types _convert takes
 
 
 def _jsonable(row: dict[str, Any]) -> dict[str, Any]:
