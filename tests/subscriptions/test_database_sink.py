@@ -6,6 +6,7 @@ partition was reset, commits nothing; a failing event is undone alone (savepoint
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -235,6 +236,61 @@ async def test_a_failing_event_is_undone_alone_and_its_aggregate_parked_in_order
     run = await run_subscription(counter, [("bad", placed), ("good", placed), ("bad", placed)], database=store, retries=Retries(attempts=1))
     assert await run.query("SELECT order_id, version FROM counted ORDER BY order_id") == [("good", 1)]
     assert [(p.aggregate_id, p.offset, p.status.value) for p in run.parked] == [("bad", 0, "parked"), ("bad", 2, "parked")]
+    await run.close()
+
+
+def _counting(name: str, last: Callable[[str, DatabaseContext], Awaitable[None]]) -> DatabaseHandler:
+    """Counts each Placed in `counted` (one row an order), then does `last`."""
+    handler = DatabaseHandler(name, reads=[orders], schema=["CREATE TABLE IF NOT EXISTS counted (order_id TEXT PRIMARY KEY)"])
+
+    @handler.on(Placed)
+    async def count(event: Placed, ctx: DatabaseContext) -> None:
+        await ctx.db.execute("INSERT INTO counted VALUES (%s)", (ctx.aggregate_id,))
+        await last(ctx.aggregate_id, ctx)
+
+    return handler
+
+
+PLACED = Placed(customer_id="c", lines=[])
+
+
+async def test_a_handler_that_swallows_a_postgresql_error_as_its_last_statement_is_undone_alone_and_parked(postgres_dsn: str) -> None:
+    """PostgreSQL aborts the whole transaction on an error, caught or not: the savepoint's
+    release was the first to tell, outside what undoes the event alone, and its partition
+    started again for ever, twice a second (a trial's find)."""
+
+    async def insert_if_missing(order_id: str, ctx: DatabaseContext) -> None:
+        if order_id == "swallow":
+            with contextlib.suppress(psycopg.errors.UniqueViolation):  # the "insert if missing" of many handlers
+                await ctx.db.execute("INSERT INTO counted VALUES (%s)", (order_id,))  # there already
+
+    handler = _counting("swallowing", insert_if_missing)
+    run = await run_subscription(handler, [("good", PLACED), ("swallow", PLACED), ("after", PLACED)], database=PostgreSQL(postgres_dsn),
+                                 retries=Retries(attempts=2, first_delay_s=0.01))  # fmt: skip
+    assert await run.query("SELECT order_id FROM counted ORDER BY order_id") == [("after",), ("good",)]
+    [parked] = run.parked
+    assert (parked.aggregate_id, parked.attempts) == ("swallow", 2) and "InFailedSqlTransaction" in parked.reason, parked.reason
+    await run.close()
+
+
+async def test_a_handler_slower_than_postgresql_s_idle_timeout_is_tried_alone_and_parked(postgres_dsn: str) -> None:
+    """PostgreSQL ends the session of a transaction idle longer than the timeout: the
+    handler's next statement finds the connection closed, and what came before it in the
+    unit is gone too. The partition starts again, and the event met again is tried alone:
+    it was started again from its committed offset for ever (a trial's find)."""
+
+    async def slow(order_id: str, ctx: DatabaseContext) -> None:
+        if order_id == "slow":
+            await asyncio.sleep(1.5)
+            await ctx.db.execute("SELECT 1")
+
+    handler = _counting("slow_one", slow)
+    run = await run_subscription(handler, [("good", PLACED), ("slow", PLACED), ("after", PLACED)],
+                                 database=PostgreSQL(postgres_dsn, idle_in_transaction_timeout_s=0.5),
+                                 retries=Retries(attempts=2, first_delay_s=0.01))  # fmt: skip
+    assert await run.query("SELECT order_id FROM counted ORDER BY order_id") == [("after",), ("good",)]
+    [parked] = run.parked
+    assert (parked.aggregate_id, parked.attempts) == ("slow", 2), parked
     await run.close()
 
 

@@ -120,11 +120,13 @@ class _PostgresTransaction(Transaction):
         await self._connection.execute(f"SAVEPOINT {name}")
         try:
             yield
+            # Inside: a handler that caught a database error as its last statement leaves the
+            # transaction aborted, and only this tells; its event is undone alone all the same.
+            await self._connection.execute(f"RELEASE SAVEPOINT {name}")
         except BaseException:
             await self._connection.execute(f"ROLLBACK TO SAVEPOINT {name}")
             await self._connection.execute(f"RELEASE SAVEPOINT {name}")
             raise
-        await self._connection.execute(f"RELEASE SAVEPOINT {name}")
 
     async def commit(self) -> None:
         try:

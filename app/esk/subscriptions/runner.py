@@ -33,7 +33,7 @@ from ..settings import Settings
 from .api import AnySubscription
 from .routing import Router, check_outcome_commands
 from .stores import DatabaseUnreachable, Stores, group_id
-from .worker import PartitionWorker
+from .worker import FailedWithItsUnit, PartitionWorker
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +58,7 @@ class InputPartition:
         self.running = False  # started: records handed over are handled
         self.busy = False  # a chunk is handed over and not yet handled
         self._chunks: asyncio.Queue[Chunk] = asyncio.Queue()
+        self._suspects: dict[int, Exception] = {}  # PartitionWorker.suspects, across its starts
         self._task = asyncio.create_task(self._run(), name=f"{runner.subscription.name}-{tp.topic}-{tp.partition}")
 
     def hand_over(self, chunk: Chunk) -> None:
@@ -75,7 +76,7 @@ class InputPartition:
         while True:
             self.worker = PartitionWorker(
                 self.runner.subscription, self.runner.router, self.runner.stores.sink(self.tp),
-                traced=self.runner.settings.tracing.enabled,
+                traced=self.runner.settings.tracing.enabled, suspects=self._suspects,
             )
             try:
                 await self._start(self.worker, failing.since_first())
@@ -87,6 +88,8 @@ class InputPartition:
             except asyncio.CancelledError:
                 raise
             except Exception as error:
+                if isinstance(error, FailedWithItsUnit):
+                    self._suspects[error.offset] = error.error
                 delay = RESTART_DELAYS_S[min(failing.tries + 1, len(RESTART_DELAYS_S)) - 1]
                 failing.tell(error, f"{self.runner.subscription.name}: {self.tp.topic}/{self.tp.partition} starts again in {delay:.1f}s after ")
                 self.running = self.busy = False

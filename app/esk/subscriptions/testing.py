@@ -29,7 +29,7 @@ from .database_sink import DatabaseSink, load_parked, prepare
 from .parking import ParkedEvent
 from .routing import Delivery, Router, call_handler, reactor_commands
 from .sinks import PartitionSink, StartingPoint, Unit
-from .worker import PartitionWorker
+from .worker import FailedWithItsUnit, PartitionWorker
 
 APP = "test"  # the application name the records seem to come from
 _TOPIC_PARTITION = 0
@@ -106,18 +106,30 @@ async def run_subscription(
         run.database = (database or SQLite(":memory:")).connect(Path(":memory:"))
         await prepare(run.database, subscription)
     workers: dict[str, PartitionWorker] = {}
+    suspects: dict[str, dict[int, Exception]] = {}
+
+    async def start(topic: str) -> PartitionWorker:
+        sink: PartitionSink
+        if isinstance(subscription, DatabaseHandler):
+            assert run.database is not None
+            sink = DatabaseSink(run.database, subscription, TopicPartition(topic, _TOPIC_PARTITION))
+        else:
+            sink = _MemorySink(subscription, run)
+        worker = PartitionWorker(subscription, router, sink, retries, suspects=suspects.setdefault(topic, {}))
+        await worker.open()
+        return worker
+
     for chunk in _runs_of_one_topic(_records(subscription, router, given)):
         topic = chunk[0].topic
         if topic not in workers:
-            sink: PartitionSink
-            if isinstance(subscription, DatabaseHandler):
-                assert run.database is not None
-                sink = DatabaseSink(run.database, subscription, TopicPartition(topic, _TOPIC_PARTITION))
-            else:
-                sink = _MemorySink(subscription, run)
-            workers[topic] = PartitionWorker(subscription, router, sink, retries)
-            await workers[topic].open()
-        await workers[topic].handle(chunk, chunk[-1].offset + 1)
+            workers[topic] = await start(topic)
+        while True:
+            try:
+                await workers[topic].handle(chunk, chunk[-1].offset + 1)
+                break
+            except FailedWithItsUnit as failed:  # as the subscriber does: the partition starts again
+                suspects[topic][failed.offset] = failed.error
+                workers[topic] = await start(topic)
     if run.database is not None:
         async with run.database.transaction() as tx:
             run.parked = await load_parked(tx.esk, subscription.name)

@@ -32,7 +32,7 @@ from ..metrics import SUBSCRIPTION_EVENTS
 from .api import AnySubscription, Retries
 from .parking import ParkedEvent, ParkStatus, aggregate_key
 from .routing import Delivery, EventDelivery, HandlerMistake, Router, Undecodable
-from .sinks import PartitionSink, Unit
+from .sinks import Fenced, PartitionSink, Unit
 
 log = logging.getLogger(__name__)
 
@@ -45,14 +45,34 @@ TAKEN_UP_VERSION_KNOWN = "esk: its schema version is known now"
 TAKEN_UP_BEHIND_NOTHING = "esk: nothing is parked before it"
 
 
+class FailedWithItsUnit(Exception):
+    """An event's handler failed and took its unit with it (the database connection lost, or
+    the transaction ended by the database): what came before it in the unit is lost too, so
+    the partition starts again, and the event, met again, is tried alone (`suspects`)."""
+
+    def __init__(self, offset: int, error: Exception) -> None:
+        super().__init__(f"the handler of offset {offset} failed ({one_line(error)}) and its transaction with it: it is tried alone")
+        self.offset = offset
+        self.error = error
+
+
 class PartitionWorker:
     def __init__(
-        self, subscription: AnySubscription, router: Router, sink: PartitionSink, retries: Retries | None = None, traced: bool = False
+        self,
+        subscription: AnySubscription,
+        router: Router,
+        sink: PartitionSink,
+        retries: Retries | None = None,
+        traced: bool = False,
+        suspects: dict[int, Exception] | None = None,
     ) -> None:
         self.subscription = subscription
         self.router = router
         self.sink = sink
         self.retries = retries or subscription.retries
+        # offset -> the failure of an event that took its unit with it, kept by the caller
+        # across the partition's starts
+        self.suspects = {} if suspects is None else suspects
         self.next_offset: int | None = None  # as of the last commit; None: nothing committed yet
         self.replay_until = 0
         self.parked: set[str] = set()
@@ -140,10 +160,20 @@ class PartitionWorker:
                     continue
                 if delivery is None:
                     continue
+                if (suspected := self.suspects.pop(record.offset, None)) is not None:
+                    await self._commit(unit, record.offset)  # what came before it, then it alone
+                    await self._try_again(record, delivery, suspected, verified)
+                    unit = await self.sink.begin()
+                    continue
                 try:
                     await self._apply(unit, record, delivery)
                 except Exception as error:
-                    await self._commit(unit, record.offset)  # what came before it, without it
+                    try:
+                        await self._commit(unit, record.offset)  # what came before it, without it
+                    except Fenced:
+                        raise
+                    except Exception as lost:
+                        raise FailedWithItsUnit(record.offset, error) from lost
                     await self._try_again(record, delivery, error, verified)
                     # `verified` goes on: the parked topic may not show yet what this worker just
                     # parked (a transaction's markers are written after its commit returns).
@@ -226,7 +256,10 @@ class PartitionWorker:
             try:
                 await self._apply(unit, record, delivery)
             except Exception as again:
-                await unit.abort()
+                try:
+                    await unit.abort()
+                except Exception as gone:  # it took its unit with it: the next attempt begins another
+                    log.debug("%s: could not abort the failed attempt's unit: %r", self.subscription.name, gone)
                 error = again
                 continue
             except BaseException:
