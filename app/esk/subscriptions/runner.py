@@ -46,6 +46,7 @@ STILL_FAILING_EVERY_S = 60.0
 DATABASE_WAIT_S = 5.0  # between tries to reach a database handler's database at the start
 IDLE_CHECK_S = 1.0
 PARKED_REPORT_S = 10.0  # how often the subscriber reads how many events its partitions hold parked
+LAG_REPORT_S = 2.0  # how often it asks the brokers for its partitions' ends (esk_subscription_lag)
 
 
 class InputPartition:
@@ -59,7 +60,17 @@ class InputPartition:
         self.busy = False  # a chunk is handed over and not yet handled
         self._chunks: asyncio.Queue[Chunk] = asyncio.Queue()
         self._suspects: dict[int, Exception] = {}  # PartitionWorker.suspects, across its starts
+        self._committed: int | None = None  # as last known: kept while the partition starts again
         self._task = asyncio.create_task(self._run(), name=f"{runner.subscription.name}-{tp.topic}-{tp.partition}")
+
+    def committed_offset(self) -> int | None:
+        """Where its committed position stands, as last known (None: not known yet): while
+        its worker starts again (its database away, say) the position stands still, and the
+        records behind it are the lag all the same."""
+        worker = self.worker
+        if worker is not None and (worker.next_offset is not None or self.running):
+            self._committed = worker.next_offset or 0
+        return self._committed
 
     def hand_over(self, chunk: Chunk) -> None:
         self.busy = True
@@ -210,10 +221,11 @@ class SubscriptionRunner:
         # partition holds (a database handler's transaction), and the loop must go on
         # fetching for the others.
         counting: asyncio.Task[None] | None = None
+        measuring: asyncio.Task[None] | None = None
         try:
             await consumer.start()
             idle_checked = time.monotonic()
-            parked_reported = 0.0
+            parked_reported = lag_reported = 0.0
             while not stop.is_set():
                 fetched = await consumer.getmany(timeout_ms=200, max_records=self.settings.subscriber.batch_max_records)
                 for tp, records in fetched.items():
@@ -229,11 +241,15 @@ class SubscriptionRunner:
                 if time.monotonic() - parked_reported >= PARKED_REPORT_S and (counting is None or counting.done()):
                     parked_reported = time.monotonic()
                     counting = asyncio.create_task(self._report_parked(), name=f"{self.subscription.name}-parked-count")
+                if time.monotonic() - lag_reported >= LAG_REPORT_S and (measuring is None or measuring.done()):
+                    lag_reported = time.monotonic()
+                    measuring = asyncio.create_task(self._report_lags(), name=f"{self.subscription.name}-lag")
         finally:
-            if counting is not None:
-                counting.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await counting
+            for task in (counting, measuring):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
             await self._revoke(set(self.partitions))
             await stop_consumer(consumer)
             self._consumer = None
@@ -279,11 +295,27 @@ class SubscriptionRunner:
             return None
         return position
 
+    async def _report_lags(self) -> None:
+        """Each owned partition's records past its committed position, from the partitions'
+        ends as the brokers have them now: the ends the fetches last saw stand still while a
+        partition is paused (a chunk in hand, its worker starting again), and so did the
+        gauge, while a slow handler or a database away held the records back."""
+        owned = list(self.partitions)
+        if not owned:
+            return
+        try:
+            ends = await self.consumer.end_offsets(owned)  # read_committed: the last stable offsets
+        except Exception as error:  # a broker away: the next look
+            log.debug("%s: partitions' ends not read: %r", self.subscription.name, error)
+            return
+        for tp, end in ends.items():
+            partition = self.partitions.get(tp)
+            committed = None if partition is None else partition.committed_offset()
+            if committed is not None:
+                SUBSCRIPTION_LAG.labels(self.subscription.name, tp.topic, str(tp.partition)).set(max(0, end - committed))
+
     def _report(self) -> None:
         name = self.subscription.name
-        for tp, lag in self.lags().items():
-            if lag is not None:
-                SUBSCRIPTION_LAG.labels(name, tp.topic, str(tp.partition)).set(lag)
         SUBSCRIPTION_PARTITIONS.labels(name).set(sum(p.running for p in self.partitions.values()))
         SUBSCRIPTION_CAUGHT_UP.labels(name).set(1 if self.caught_up else 0)
 
