@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -496,3 +497,18 @@ async def test_an_event_parked_behind_nothing_is_handled_at_the_next_start() -> 
         [resolved] = await load_parked(tx.esk, ledger.name, status=None)
     assert (resolved.status, resolved.resolved_by) == (ParkStatus.RETRIED, TAKEN_UP_BEHIND_NOTHING)
     await database.close()
+
+
+async def test_a_parked_event_that_needs_someone_is_a_warning_and_one_that_waits_on_its_own_is_not(caplog: pytest.LogCaptureFixture) -> None:
+    """A rolling release parks thousands of events for newer code, or behind one: INFO."""
+    sub = SideEffectHandler("failing", reads=[orders])
+
+    @sub.on(Placed)
+    async def fail(event: Placed, ctx: Context) -> None:
+        raise RuntimeError("a bug")
+
+    caplog.set_level(logging.INFO, logger="esk.subscriptions.worker")
+    run = await run_subscription(sub, [("o1", placed()), ("o1", placed())], retries=NO_WAIT)
+    assert len(run.parked) == 2
+    levels = [(r.levelname, "waits behind" in r.getMessage()) for r in caplog.records if ": parked " in r.getMessage()]
+    assert levels == [("WARNING", False), ("INFO", True)]

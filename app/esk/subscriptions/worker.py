@@ -281,8 +281,14 @@ class PartitionWorker:
     ) -> None:
         event = ParkedEvent.of(self.subscription.name, record, reason, attempts)
         await unit.park(event)
-        log.warning("%s: parked %s (%s): %s", self.subscription.name, event.position, event.aggregate_id, reason)
-        SUBSCRIPTION_EVENTS.labels(self.subscription.name, parked_result(reason)).inc()
+        result = parked_result(reason)
+        # A WARNING for what needs someone; INFO for what waits on its own (an event before
+        # it, newer code): a rolling release parks thousands so, and metrics count them.
+        log.log(
+            logging.WARNING if result == "parked" else logging.INFO,
+            "%s: parked %s (%s): %s", self.subscription.name, event.position, event.aggregate_id, reason,
+        )
+        SUBSCRIPTION_EVENTS.labels(self.subscription.name, result).inc()
         self.parked.add(event.aggregate_id)
         verified.add(event.aggregate_id)
 
