@@ -25,7 +25,7 @@ from .kafka.topics import coordinators_ready, ensure_topics, missing_topics, top
 from .logs import configure_logging
 from .registry import ImportFailed, Registry, SettingMistake, load_registry
 from .schema.lock import LOCK_FILE, Lock, LockError, build_lock, project_lock, read_lock, write_lock
-from .settings import Settings, SettingsInvalid, read_settings, unknown_variables
+from .settings import Settings, SettingsInvalid, read_settings, told_as_json, unknown_variables
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -73,8 +73,7 @@ def load_settings(**overrides: Any) -> Settings:
     try:
         settings = read_settings()
     except SettingsInvalid as error:
-        # a log pipeline reads JSON, this line too (read as pydantic reads it: any case)
-        if any(name.upper() == "ESK_LOG_FORMAT" and value == "json" for name, value in os.environ.items()):
+        if told_as_json():  # a log pipeline reads JSON, this line too
             configure_logging("INFO", "json")
             _errors_as_json = True
         raise fail(str(error)) from None

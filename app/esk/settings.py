@@ -334,25 +334,46 @@ def unknown_variables(env_file: str = ".env") -> list[str]:
     each with the one it may be a misspelling of: pydantic passes over them, and the setting
     meant keeps its default (a port, a broker's address) without a word."""
     known = {_variable(path) for path in _fields(Settings, [])} | _OTHER_VARIABLES
-    given = {name.upper(): "" for name in os.environ if name.upper().startswith("ESK_")}
-    if Path(env_file).is_file():
-        given |= {name.upper(): f" (in {env_file})" for name in dotenv_values(env_file) if name.upper().startswith("ESK_")}
-    told = []
+    # a mapping's entries may be set one by one (ESK_KAFKA__EXTRA__<KEY>)
+    mappings = tuple(f"{_variable(path)}__" for path in _fields(Settings, [], dict))
+    given, told = _esk_variables(env_file), []
     for name in sorted(given.keys() - known):
+        if name.startswith(mappings):
+            continue
         close = difflib.get_close_matches(name, known, n=1)
         told.append(f"{name}{given[name]} is no setting of esk{f': {close[0]}, perhaps' if close else ''}")
     return told
 
 
-def _fields(model: type[BaseModel], path: list[str]) -> typing.Iterator[list[str]]:
-    """The paths of `model`'s fields, and of its sections' fields."""
+def _esk_variables(env_file: str = ".env") -> dict[str, str]:
+    """The ESK_* variables set, in upper case as pydantic reads them, each with where: the
+    environment (""), or `env_file`."""
+    given = {name.upper(): "" for name in os.environ if name.upper().startswith("ESK_")}
+    if Path(env_file).is_file():
+        given |= {name.upper(): f" (in {env_file})" for name in dotenv_values(env_file) if name.upper().startswith("ESK_")}
+    return given
+
+
+def told_as_json() -> bool:
+    """Whether ESK_LOG_FORMAT, in the environment or .env, asks for JSON: read alone, for an
+    error in the other settings, which leaves the format unread."""
+    value = next((v for k, v in os.environ.items() if k.upper() == "ESK_LOG_FORMAT"), None)
+    if value is None and Path(".env").is_file():
+        value = next((v for k, v in dotenv_values(".env").items() if k.upper() == "ESK_LOG_FORMAT"), None)
+    return value == "json"
+
+
+def _fields(model: type[BaseModel], path: list[str], kind: type | None = None) -> typing.Iterator[list[str]]:
+    """The paths of `model`'s fields, and of its sections' fields; those of a `kind` (`dict`:
+    the mappings) alone when given."""
     for name, field in model.model_fields.items():
-        yield [*path, name]
         annotation = field.annotation
         choices = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) else (annotation,)
+        if kind is None or any(typing.get_origin(choice) is kind for choice in choices):
+            yield [*path, name]
         for choice in choices:
             if isinstance(choice, type) and issubclass(choice, BaseModel):
-                yield from _fields(choice, [*path, name])
+                yield from _fields(choice, [*path, name], kind)
 
 
 def _json_fields(model: type[BaseModel], path: list[str]) -> typing.Iterator[list[str]]:

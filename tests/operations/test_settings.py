@@ -65,13 +65,15 @@ def test_every_command_tells_a_wrong_setting_in_a_line(tmp_path: Path) -> None:
     ]
 
 
-def test_with_json_logs_a_wrong_setting_is_told_in_json(tmp_path: Path) -> None:
+@pytest.mark.parametrize("where", ["environment", ".env"])
+def test_with_json_logs_a_wrong_setting_is_told_in_json(tmp_path: Path, where: str) -> None:
     """A log pipeline that reads the process's JSON lines reads this one too."""
-    result = subprocess.run(
-        [sys.executable, "-m", "esk", "project", "list"],
-        cwd=tmp_path, env={"ESK_API__PORT": "abc", "ESK_LOG_FORMAT": "json", "PATH": "/usr/bin:/bin"},
-        capture_output=True, text=True, timeout=60,
-    )
+    env = {"ESK_API__PORT": "abc", "PATH": "/usr/bin:/bin"}
+    if where == ".env":
+        (tmp_path / ".env").write_text("ESK_LOG_FORMAT=json\n")
+    else:
+        env["ESK_LOG_FORMAT"] = "json"
+    result = subprocess.run([sys.executable, "-m", "esk", "project", "list"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
     [line] = result.stderr.splitlines()
     told = json.loads(line)
@@ -88,6 +90,7 @@ def test_a_variable_that_names_no_setting_is_told_with_the_one_it_may_mean(tmp_p
     monkeypatch.setenv("ESK_API__PORT", "19110")
     monkeypatch.setenv("ESK_CACHE_DIR", "/tmp")  # read by esk, no field of Settings
     monkeypatch.setenv("ESK_API", "{}")  # a section given whole
+    monkeypatch.setenv("ESK_KAFKA__EXTRA__CONNECTIONS_MAX_IDLE_MS", "1000")  # a mapping's entry, set alone
     (tmp_path / ".env").write_text("ESK_KAFKA__BOOTSTRAP_SERVRS=localhost:9092\nESK_APP=shop\nOTHER=1\n")
     assert unknown_variables() == [
         "ESK_API__PROT is no setting of esk: ESK_API__PORT, perhaps",

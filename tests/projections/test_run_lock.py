@@ -5,6 +5,7 @@ leaves no lock behind. Pure: no Kafka, no Spark."""
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import signal
 import subprocess
@@ -176,7 +177,10 @@ def test_a_run_held_up_says_why_in_its_lock_for_readers(tmp_path: Path) -> None:
         lock.held_up(None)
         assert tables.keepers("totals").held_up_reader() is None
         assert tables.keepers("totals").runs[1].startswith(f"pid {os.getpid()} on ")
+        lock.held_up("again")
     assert tables.keepers("totals") == Keepers(1, {})  # a run that ended holds nothing up
+    # nor does its file say so to a look at the next holder before that one writes its own
+    assert "held_up" not in json.loads(tables.run_lock("totals", 1).path.read_text())
 
 
 def test_the_generation_held_is_the_one_readers_use_a_new_one_to_rebuild_or_the_first(tmp_path: Path) -> None:

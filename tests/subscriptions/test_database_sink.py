@@ -17,11 +17,14 @@ from aiokafka import TopicPartition
 
 from domain.orders import Placed, orders
 from esk import DatabaseContext, DatabaseHandler, PostgreSQL, Retries, SQLite, run_subscription
+from esk.protocol import EventRecord
 from esk.subscriptions.database import Database, DatabaseConfig
-from esk.subscriptions.database_sink import DatabaseSink, DatabaseUnit, prepare, read_offsets, rewind
+from esk.subscriptions.database_sink import DatabaseSink, DatabaseUnit, load_parked, prepare, read_offsets, rewind
 from esk.subscriptions.parking import ParkedEvent, ParkStatus
 from esk.subscriptions.postgres import PostgresDatabase
+from esk.subscriptions.routing import Router
 from esk.subscriptions.sinks import Fenced, Unit, first_reasons
+from esk.subscriptions.worker import PartitionWorker
 
 TP = TopicPartition("app.orders.events", 0)
 
@@ -355,3 +358,41 @@ async def test_a_partition_opens_knowing_why_each_aggregate_was_parked_first(mem
 
 def test_the_first_reason_of_each_aggregate_is_its_lowest_offsets() -> None:
     assert first_reasons([("b", 9, "behind"), ("a", 7, "a7"), ("b", 5, "b5"), ("a", 8, "a8")]) == {"a": "a7", "b": "b5"}
+
+
+async def test_parked_events_taken_up_whose_handler_loses_its_transaction_stay_parked(postgres_dsn: str) -> None:
+    """esk takes up an aggregate's events parked for newer code as the partition opens; a
+    handler slower than PostgreSQL's idle timeout ends the transaction, and the open failed,
+    and the partition started again to fail so for ever (a review's find)."""
+    from tests.subscriptions.test_handlers import NEWER_ORDERS, PlacedNewer, order_record
+
+    store = PostgreSQL(postgres_dsn, idle_in_transaction_timeout_s=0.5)
+    database = store.connect(Path("unused"))
+    older = DatabaseHandler("taking_up", reads=[orders], schema=["CREATE TABLE IF NOT EXISTS seen (order_id TEXT)"])
+    newer = DatabaseHandler("taking_up", reads=[NEWER_ORDERS], schema=["CREATE TABLE IF NOT EXISTS seen (order_id TEXT)"])
+
+    @older.on(Placed)
+    async def seen(event: Placed, ctx: DatabaseContext) -> None:
+        await ctx.db.execute("INSERT INTO seen VALUES (%s)", (ctx.aggregate_id,))
+
+    @newer.on(PlacedNewer)
+    async def slow(event: PlacedNewer, ctx: DatabaseContext) -> None:
+        await asyncio.sleep(1.5)  # its transaction idle past the timeout: PostgreSQL ends the session
+        await ctx.db.execute("INSERT INTO seen VALUES (%s)", (ctx.aggregate_id,))
+
+    placed = PLACED.model_dump(mode="json")
+    record = EventRecord("orders/o1/1", "orders", "o1", 1, "Placed", PlacedNewer.schema_version, placed, "c", "c", "c", 0)
+    await prepare(database, older)
+    tp = TopicPartition("test.orders.events", 0)  # order_record's
+    worker = PartitionWorker(older, Router(older, {"orders": orders}, "test"), DatabaseSink(database, older, tp), Retries(attempts=1))
+    await worker.open()
+    await worker.handle([order_record(0, "o1", "Placed", record.encode())], 1)  # parked: newer than this code
+    assert worker.parked == {"o1"}
+
+    upgraded = PartitionWorker(newer, Router(newer, {"orders": NEWER_ORDERS}, "test"), DatabaseSink(database, newer, tp), Retries(attempts=1))
+    assert await upgraded.open() == 1  # it opens, the aggregate still parked
+    assert upgraded.parked == {"o1"}
+    async with database.transaction() as tx:
+        [still] = await load_parked(tx.esk, newer.name)
+        assert still.reason.startswith("undecodable: NewerSchemaVersion") and await tx.sql.fetchall("SELECT * FROM seen") == []
+    await database.close()

@@ -119,6 +119,8 @@ class GenerationLock:
 
     def release(self) -> None:
         if self._fd is not None:
+            if "held_up" in self._me:  # the next holder's run is not held up, before it writes its own
+                self.held_up(None)
             os.close(self._fd)  # closing the only descriptor of the file drops its flock
             self._fd = None
 

@@ -20,6 +20,7 @@ the next start).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Sequence
 
@@ -51,7 +52,10 @@ class FailedWithItsUnit(Exception):
     the partition starts again, and the event, met again, is tried alone (`suspects`)."""
 
     def __init__(self, offset: int, error: Exception) -> None:
-        super().__init__(f"the handler of offset {offset} failed ({one_line(error)}) and its transaction with it: it is tried alone")
+        super().__init__(
+            f"the handler of offset {offset} failed ({one_line(error)}), and what came before it could not be committed "
+            "without it: the partition starts again and tries it alone"
+        )
         self.offset = offset
         self.error = error
 
@@ -106,6 +110,15 @@ class PartitionWorker:
                     await unit.abort()
                     continue
                 resolved, still_parked = await resolve_parked(unit, self.router, parked, ParkStatus.RETRIED, by)
+            except Fenced:
+                await unit.abort()
+                raise
+            except Exception as error:  # a handler's failure took the unit with it (its database transaction ended)
+                with contextlib.suppress(Exception):  # nothing left to undo
+                    await unit.abort()
+                self._not_taken_up.add(key)
+                log.warning("%s: %s's parked events stay parked: %s", self.subscription.name, key, one_line(error))
+                continue
             except BaseException:
                 await unit.abort()
                 raise
