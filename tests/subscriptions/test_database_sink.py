@@ -396,3 +396,33 @@ async def test_parked_events_taken_up_whose_handler_loses_its_transaction_stay_p
         [still] = await load_parked(tx.esk, newer.name)
         assert still.reason.startswith("undecodable: NewerSchemaVersion") and await tx.sql.fetchall("SELECT * FROM seen") == []
     await database.close()
+
+
+async def test_a_handler_cancelled_on_a_connection_postgresql_ended_is_cancelled(postgres_dsn: str) -> None:
+    """A stop or a revoke cancels a handler whose session PostgreSQL has ended meanwhile: the
+    savepoint's and the unit's cleanup meet the closed connection, and their error took the
+    cancellation's place, read as a failure to start again from: the task did not end."""
+    store = PostgreSQL(postgres_dsn, idle_in_transaction_timeout_s=0.5)
+    database = store.connect(Path("unused"))
+    waiting = DatabaseHandler("waiting", reads=[orders], schema=["CREATE TABLE IF NOT EXISTS seen (order_id TEXT)"])
+    started = asyncio.Event()
+
+    @waiting.on(Placed)
+    async def wait(event: Placed, ctx: DatabaseContext) -> None:
+        started.set()
+        await asyncio.sleep(60)
+
+    from tests.subscriptions.test_handlers import order_record
+
+    placed = PLACED.model_dump(mode="json")
+    record = EventRecord("orders/o1/1", "orders", "o1", 1, "Placed", Placed.schema_version, placed, "c", "c", "c", 0)
+    await prepare(database, waiting)
+    tp = TopicPartition("test.orders.events", 0)
+    worker = PartitionWorker(waiting, Router(waiting, {"orders": orders}, "test"), DatabaseSink(database, waiting, tp), Retries(attempts=1))
+    await worker.open()
+    handling = asyncio.create_task(worker.handle([order_record(0, "o1", "Placed", record.encode())], 1))
+    await asyncio.wait_for(started.wait(), 10)
+    await asyncio.sleep(1.5)  # PostgreSQL ends the session, idle in its transaction
+    handling.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await handling

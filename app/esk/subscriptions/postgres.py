@@ -123,9 +123,14 @@ class _PostgresTransaction(Transaction):
             # Inside: a handler that caught a database error as its last statement leaves the
             # transaction aborted, and only this tells; its event is undone alone all the same.
             await self._connection.execute(f"RELEASE SAVEPOINT {name}")
-        except BaseException:
-            await self._connection.execute(f"ROLLBACK TO SAVEPOINT {name}")
-            await self._connection.execute(f"RELEASE SAVEPOINT {name}")
+        except BaseException as failure:
+            try:
+                await self._connection.execute(f"ROLLBACK TO SAVEPOINT {name}")
+                await self._connection.execute(f"RELEASE SAVEPOINT {name}")
+            except Exception:
+                if isinstance(failure, Exception):
+                    raise  # the connection's error (it is gone, say) tells more than the handler's
+                # a cancellation (a stop, a revoke) stays one, or its task would not end
             raise
 
     async def commit(self) -> None:

@@ -119,8 +119,8 @@ class PartitionWorker:
                 self._not_taken_up.add(key)
                 log.warning("%s: %s's parked events stay parked: %s", self.subscription.name, key, one_line(error))
                 continue
-            except BaseException:
-                await unit.abort()
+            except BaseException as failure:
+                await _abort_for(unit, failure)
                 raise
             if still_parked:
                 # One failed now, for another reason (its handler, a database away): all of
@@ -194,9 +194,9 @@ class PartitionWorker:
                     continue
                 self._uncounted += 1
             await self._commit(unit, end_offset)
-        except BaseException:
+        except BaseException as failure:
             self._uncounted = 0
-            await unit.abort()
+            await _abort_for(unit, failure)
             raise
 
     async def _apply(self, unit: Unit, record: ConsumerRecord[bytes, bytes], delivery: Delivery) -> None:
@@ -275,8 +275,8 @@ class PartitionWorker:
                     log.debug("%s: could not abort the failed attempt's unit: %r", self.subscription.name, gone)
                 error = again
                 continue
-            except BaseException:
-                await unit.abort()
+            except BaseException as failure:
+                await _abort_for(unit, failure)
                 raise
             await self._commit(unit, record.offset + 1)
             self._handled.inc()
@@ -284,8 +284,8 @@ class PartitionWorker:
         unit = await self.sink.begin()
         try:
             await self._park(unit, record, one_line(error), attempts, verified)
-        except BaseException:
-            await unit.abort()
+        except BaseException as failure:
+            await _abort_for(unit, failure)
             raise
         await self._commit(unit, record.offset + 1)
 
@@ -311,6 +311,18 @@ class PartitionWorker:
         if self._uncounted:
             self._handled.inc(self._uncounted)
             self._uncounted = 0
+
+
+async def _abort_for(unit: Unit, failure: BaseException) -> None:
+    """`unit` aborted as `failure` goes up. A cancellation (a stop, a revoke) stays one
+    whatever the abort meets (its connection gone): replaced by that error, it would be
+    taken for a failure to start again from, and the task would not end."""
+    try:
+        await unit.abort()
+    except Exception as error:
+        if isinstance(failure, Exception):
+            raise
+        log.debug("the unit could not be aborted as its task ended: %r", error)
 
 
 def parked_result(reason: str) -> str:
