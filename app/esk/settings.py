@@ -11,6 +11,7 @@ import json
 import os
 import types
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -335,7 +336,7 @@ def unknown_variables(env_file: str = ".env") -> list[str]:
     meant keeps its default (a port, a broker's address) without a word."""
     known = {_variable(path) for path in _fields(Settings, [])} | _OTHER_VARIABLES
     # a mapping's entries may be set one by one (ESK_KAFKA__EXTRA__<KEY>)
-    mappings = tuple(f"{_variable(path)}__" for path in _fields(Settings, [], dict))
+    mappings = tuple(f"{_variable(path)}__" for path in _fields(Settings, [], _is_mapping))
     given, told = _esk_variables(env_file), []
     for name in sorted(given.keys() - known):
         if name.startswith(mappings):
@@ -363,31 +364,28 @@ def told_as_json() -> bool:
     return value == "json"
 
 
-def _fields(model: type[BaseModel], path: list[str], kind: type | None = None) -> typing.Iterator[list[str]]:
-    """The paths of `model`'s fields, and of its sections' fields; those of a `kind` (`dict`:
-    the mappings) alone when given."""
+def _fields(model: type[BaseModel], path: list[str], wanted: Callable[[Any], bool] = lambda choice: True) -> typing.Iterator[list[str]]:
+    """The paths of `model`'s fields, and of its sections' fields, whose type (or a type of
+    its union) is `wanted`."""
     for name, field in model.model_fields.items():
         annotation = field.annotation
         choices = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) else (annotation,)
-        if kind is None or any(typing.get_origin(choice) is kind for choice in choices):
+        if any(wanted(choice) for choice in choices):
             yield [*path, name]
         for choice in choices:
-            if isinstance(choice, type) and issubclass(choice, BaseModel):
-                yield from _fields(choice, [*path, name], kind)
+            if _is_section(choice):
+                yield from _fields(choice, [*path, name], wanted)
+
+
+def _is_section(choice: Any) -> bool:
+    return isinstance(choice, type) and issubclass(choice, BaseModel)
+
+
+def _is_mapping(choice: Any) -> bool:
+    return typing.get_origin(choice) is dict
 
 
 def _json_fields(model: type[BaseModel], path: list[str]) -> typing.Iterator[list[str]]:
-    """The paths of `model`'s fields that a variable sets as JSON: sections, lists and
-    mappings, nested ones too."""
-    for name, field in model.model_fields.items():
-        annotation = field.annotation
-        if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-            choices = [a for a in typing.get_args(annotation) if a is not type(None)]
-        else:
-            choices = [annotation]
-        for choice in choices:
-            if isinstance(choice, type) and issubclass(choice, BaseModel):
-                yield [*path, name]  # a section may be given whole
-                yield from _json_fields(choice, [*path, name])
-            elif typing.get_origin(choice) in (list, dict):
-                yield [*path, name]
+    """The paths of `model`'s fields that a variable sets as JSON: sections (a section may be
+    given whole), lists and mappings, nested ones too."""
+    return _fields(model, path, lambda choice: _is_section(choice) or typing.get_origin(choice) in (list, dict))
