@@ -20,7 +20,6 @@ the next start).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Sequence
 
@@ -114,8 +113,7 @@ class PartitionWorker:
                 await unit.abort()
                 raise
             except Exception as error:  # a handler's failure took the unit with it (its database transaction ended)
-                with contextlib.suppress(Exception):  # nothing left to undo
-                    await unit.abort()
+                await _abort_quietly(unit)
                 self._not_taken_up.add(key)
                 log.warning("%s: %s's parked events stay parked: %s", self.subscription.name, key, one_line(error))
                 continue
@@ -269,10 +267,7 @@ class PartitionWorker:
             try:
                 await self._apply(unit, record, delivery)
             except Exception as again:
-                try:
-                    await unit.abort()
-                except Exception as gone:  # it took its unit with it: the next attempt begins another
-                    log.debug("%s: could not abort the failed attempt's unit: %r", self.subscription.name, gone)
+                await _abort_quietly(unit)  # it may have taken its unit with it: the next attempt begins another
                 error = again
                 continue
             except BaseException as failure:
@@ -317,12 +312,19 @@ async def _abort_for(unit: Unit, failure: BaseException) -> None:
     """`unit` aborted as `failure` goes up. A cancellation (a stop, a revoke) stays one
     whatever the abort meets (its connection gone): replaced by that error, it would be
     taken for a failure to start again from, and the task would not end."""
+    if isinstance(failure, Exception):
+        await unit.abort()
+    else:
+        await _abort_quietly(unit)
+
+
+async def _abort_quietly(unit: Unit) -> None:
+    """`unit` aborted, if there is anything left to abort: a handler's failure may have
+    taken it with it (its database connection gone)."""
     try:
         await unit.abort()
     except Exception as error:
-        if isinstance(failure, Exception):
-            raise
-        log.debug("the unit could not be aborted as its task ended: %r", error)
+        log.debug("a unit could not be aborted: %r", error)
 
 
 def parked_result(reason: str) -> str:
