@@ -828,8 +828,9 @@ def _create_table(
     """The generation's table, unless it is there as the read model declares it. A table
     there that knows no fingerprint of its writes (built by esk before they were noted) is
     given this code's."""
-    if _table_fits(path, checkpoint, schema, model, read, writes):
-        if writes is not None and _delta_table(path).metadata().configuration.get(WRITES_PROPERTY) is None:
+    built = _table_fits(path, checkpoint, schema, model, read, writes)
+    if built is not None:
+        if writes is not None and built.writes is None:
             spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('{WRITES_PROPERTY}' = '{writes}')")
         return
     properties = {**TABLE_PROPERTIES, VERSION_PROPERTY: str(model.version)} | ({WRITES_PROPERTY: writes} if writes else {})
@@ -841,17 +842,19 @@ def _create_table(
     builder.execute()
 
 
-def _table_fits(path: Path, checkpoint: Path, schema: StructType, model: ReadModel, read: bool, writes: str | None = None) -> bool:
-    """Whether the table is there as the read model declares it. When it is there as
-    another: a generation readers use (`read`) is refused, naming the changes; one still
-    being built (a first run or a rebuild that stopped before readers moved to it) is
-    removed, checkpoint and all, to start over."""
+def _table_fits(
+    path: Path, checkpoint: Path, schema: StructType, model: ReadModel, read: bool, writes: str | None = None
+) -> _Built | None:
+    """The table as built, when it is there as the read model declares it; None when there
+    is none. When it is there as another: a generation readers use (`read`) is refused,
+    naming the changes; one still being built (a first run or a rebuild that stopped before
+    readers moved to it) is removed, checkpoint and all, to start over (None)."""
     table = _delta_table(path)
     if table is None:
-        return False
+        return None
     built = _as_built(table, schema, model, writes)
     if not built.changes and not built.writes_changed:
-        return True
+        return built
     if read and built.changes:
         raise ReadModelChanged(path, "; ".join(built.changes))
     if read:
@@ -863,17 +866,19 @@ def _table_fits(path: Path, checkpoint: Path, schema: StructType, model: ReadMod
         )
     shutil.rmtree(path)
     shutil.rmtree(checkpoint, ignore_errors=True)
-    return False
+    return None
 
 
 @dataclass(frozen=True)
 class _Built:
     """A table as it was built: the ReadModel.version that built it, how it differs from
-    what the read model declares now (nothing: it fits), and whether the read model's
-    writes differ from those that built it (known only when both are)."""
+    what the read model declares now (nothing: it fits), the fingerprint of the writes that
+    built it (None: not recorded), and whether the read model's differ (known only when
+    both are)."""
 
     version: int
     changes: list[str]
+    writes: str | None = None
     writes_changed: bool = False
 
 
@@ -887,6 +892,7 @@ def _as_built(table: Any, schema: StructType, model: ReadModel, writes: str | No
     return _Built(
         built_by,
         changes + ([f"version {built_by}, now {model.version}"] if built_by != model.version else []),
+        built_writes,
         None not in (writes, built_writes) and writes != built_writes,
     )
 
