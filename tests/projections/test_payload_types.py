@@ -83,6 +83,44 @@ def test_each_annotation_has_its_spark_type(annotation: Any, spark: Any) -> None
     assert spark_type(annotation) == spark
 
 
+class Priced(BaseModel):
+    price: decimal.Decimal = Field(max_digits=12, decimal_places=2)
+    rate: Annotated[decimal.Decimal, Field(max_digits=10, decimal_places=6)]
+    huge: decimal.Decimal = Field(max_digits=30)  # 25 digits before the point: past decimal(38, 18)
+    places: decimal.Decimal = Field(decimal_places=4)
+    wide: decimal.Decimal = Field(max_digits=50)  # no Spark decimal holds it
+    fees: list[Annotated[decimal.Decimal, Field(max_digits=5, decimal_places=2)]] = []
+    refund: decimal.Decimal | None = Field(default=None, max_digits=9, decimal_places=2)
+    plain: decimal.Decimal = decimal.Decimal(0)
+
+
+def test_a_decimal_is_read_with_the_precision_its_field_declares() -> None:
+    assert [(f.name, f.dataType) for f in spark_schema(Priced).fields] == [
+        ("price", DecimalType(12, 2)),
+        ("rate", DecimalType(10, 6)),
+        ("huge", DecimalType(38, 8)),
+        ("places", DecimalType(38, 4)),
+        ("wide", StringType()),
+        ("fees", ArrayType(DecimalType(5, 2))),
+        ("refund", DecimalType(9, 2)),
+        ("plain", DecimalType(38, 18)),
+    ]
+
+
+@pytest.mark.spark
+def test_spark_reads_back_every_decimal_its_field_lets_through(spark: Any) -> None:
+    big = "9" * 25 + ".12345678"
+    event = Priced(price=decimal.Decimal("9999999999.99"), rate=decimal.Decimal("0.000125"), huge=decimal.Decimal(big),
+                   places=decimal.Decimal("123456789012345678901234567890.1234"), wide=decimal.Decimal("1" * 45),
+                   fees=[decimal.Decimal("999.99")], refund=decimal.Decimal("0.50"))
+    data = orjson.dumps(event.model_dump(mode="json")).decode()
+    [row] = spark.createDataFrame([(data,)], "data string").select(F.from_json("data", spark_schema(Priced)).alias("p")).collect()
+    read = row["p"].asDict(recursive=True)
+    assert (read["price"], read["rate"], read["huge"]) == (decimal.Decimal("9999999999.99"), decimal.Decimal("0.000125"), decimal.Decimal(big))
+    assert read["places"] == decimal.Decimal("123456789012345678901234567890.1234")
+    assert (read["wide"], read["fees"], read["refund"]) == ("1" * 45, [decimal.Decimal("999.99")], decimal.Decimal("0.50"))
+
+
 def test_a_field_of_no_spark_type_is_named_with_the_way_round_it() -> None:
     class Odd(BaseModel):
         pair: tuple[int, str]

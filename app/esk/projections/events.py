@@ -54,22 +54,25 @@ from .catalog import ReadModelMistake
 # "2025-06-01", a datetime in ISO 8601 (any fraction, any offset), a Decimal as a string.
 _SIMPLE: dict[Any, DataType] = {
     bool: BooleanType(), int: LongType(), float: DoubleType(), str: StringType(),  # bool before int: it is one
-    datetime.datetime: TimestampType(), datetime.date: DateType(), decimal.Decimal: DecimalType(38, 18),  # datetime is a date
+    datetime.datetime: TimestampType(), datetime.date: DateType(),  # datetime is a date
     # written as strings that Spark has no type of its own for: read as the text
     uuid.UUID: StringType(), datetime.time: StringType(), datetime.timedelta: StringType(), bytes: StringType(),
     typing.Any: StringType(),  # Spark's StringType reads any JSON value as its text
 }
 
 
-def spark_type(annotation: Any) -> DataType:
-    """The Spark type of a pydantic field annotation; ReadModelMistake for one that has none
-    (a read model then reads that field with its own `F.from_json`)."""
+def spark_type(annotation: Any, constraints: typing.Sequence[Any] = ()) -> DataType:
+    """The Spark type of a pydantic field annotation, given the field's `constraints` (a
+    `FieldInfo`'s metadata); ReadModelMistake for one that has none (a read model then
+    reads that field with its own `F.from_json`)."""
     origin = typing.get_origin(annotation)
     arguments = typing.get_args(annotation)
     if origin is typing.Annotated:  # constrained types (conint, Field(...) in Annotated)
-        return spark_type(arguments[0])
+        return spark_type(arguments[0], [*constraints, *_flat(arguments[1:])])
+    if isinstance(annotation, type) and issubclass(annotation, decimal.Decimal):
+        return _decimal_type(constraints)
     if origin in (typing.Union, types.UnionType):
-        return _one_of([spark_type(a) for a in arguments if a is not type(None)])
+        return _one_of([spark_type(a, constraints) for a in arguments if a is not type(None)])  # `X | None = Field(...)`: X's
     if origin in (list, set, frozenset) or (origin is tuple and len(arguments) == 2 and arguments[1] is Ellipsis):
         return ArrayType(spark_type(arguments[0]))
     if origin is tuple:  # a fixed tuple: a JSON array, whose items must share a type
@@ -86,6 +89,35 @@ def spark_type(annotation: Any) -> DataType:
         if annotation is kind or (isinstance(annotation, type) and isinstance(kind, type) and issubclass(annotation, kind)):
             return spark
     raise ReadModelMistake(f"no Spark type for {annotation!r}")
+
+
+def _flat(metadata: typing.Iterable[Any]) -> list[Any]:
+    """Annotated's metadata, a `Field(...)` in it given as its own constraints."""
+    return [c for item in metadata for c in (getattr(item, "metadata", None) or [item])]
+
+
+# Spark's decimals hold 38 digits at most; one of no declared precision is read with 20
+# before the point and 18 after. A value past that would be read as null (Spark's from_json
+# nulls a field it cannot convert and keeps the others): a field declared with pydantic's
+# `max_digits` and `decimal_places` is read as exactly that.
+DECIMAL_DIGITS_MAX = 38
+DECIMAL_DEFAULT = DecimalType(DECIMAL_DIGITS_MAX, 18)
+
+
+def _decimal_type(constraints: typing.Sequence[Any]) -> DataType:
+    """The Spark decimal that holds every value pydantic lets through the field's
+    `max_digits` and `decimal_places` (more places than a declared `max_digits` leaves are
+    rounded); the text when no Spark decimal holds them all, to be cast by the read model
+    itself: a null there would be silent."""
+    digits = next((d for c in constraints if (d := getattr(c, "max_digits", None)) is not None), None)
+    places = next((p for c in constraints if (p := getattr(c, "decimal_places", None)) is not None), None)
+    if (digits or 0) > DECIMAL_DIGITS_MAX or (places or 0) > DECIMAL_DIGITS_MAX:
+        return StringType()
+    if digits is not None:
+        return DecimalType(digits, min(places, digits)) if places is not None else DecimalType(DECIMAL_DIGITS_MAX, min(18, DECIMAL_DIGITS_MAX - digits))
+    if places is not None:
+        return DecimalType(DECIMAL_DIGITS_MAX, places)
+    return DECIMAL_DEFAULT
 
 
 def _one_of(options: list[DataType], annotation: Any = None) -> DataType:
@@ -105,7 +137,7 @@ def spark_schema(model: type[BaseModel]) -> StructType:
     fields = []
     for name, field in model.model_fields.items():
         try:
-            fields.append(StructField(name, spark_type(field.annotation)))
+            fields.append(StructField(name, spark_type(field.annotation, field.metadata)))
         except ReadModelMistake as error:
             raise ReadModelMistake(
                 f"{model.__name__}.{name}: {error}; read it from the event's `data` with F.from_json and a type of your own"
