@@ -142,21 +142,32 @@ class PostgresServer:
             # The free port may be taken again between choosing and binding it: try another.
             self.port = free_port()
             try:
-                self._run(
-                    "pg_ctl",
-                    "start",
-                    "--wait",
-                    "--timeout=60",
-                    f"--pgdata={self._data_dir}",
-                    f"--log={self.log_file}",
-                    f"--options=-p {self.port} -k {self._socket_dir} -c listen_addresses={self.host} -c fsync=off",
-                )
+                self._pg_ctl_start()
                 break
             except PostgresUnavailable:
                 if attempt == attempts or "could not bind" not in self._log_tail():
                     raise
         with self.connect("postgres") as conn:
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(self.database)))
+
+    def _pg_ctl_start(self) -> None:
+        self._run(
+            "pg_ctl",
+            "start",
+            "--wait",
+            "--timeout=60",
+            f"--pgdata={self._data_dir}",
+            f"--log={self.log_file}",
+            f"--options=-p {self.port} -k {self._socket_dir} -c listen_addresses={self.host} -c fsync=off",
+        )
+
+    def down(self) -> None:
+        """The server shut down (its sessions ended), its data kept: an outage, which `up`
+        ends on the same port."""
+        self._run("pg_ctl", "stop", "--wait", "--mode=fast", f"--pgdata={self._data_dir}")
+
+    def up(self) -> None:
+        self._pg_ctl_start()
 
     def stop(self) -> None:
         if self._running:

@@ -50,7 +50,7 @@ async def test_a_subscriber_waits_for_its_database_at_its_start(
     settings: Settings, tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A server that is not there yet (down, or its pod not scheduled): waited for, then its
-    events are taken. A server that answers and refuses the DSN (a role, a password, a
+    events are taken; one gone later is told by /readyz until it is back. A server that answers and refuses the DSN (a role, a password, a
     database that is not there) is a mistake no wait mends: the subscriber fails with it."""
     caplog.set_level(logging.INFO, logger="esk.subscriptions.runner")
     port = free_port()
@@ -69,8 +69,17 @@ async def test_a_subscriber_waits_for_its_database_at_its_start(
                 assert caplog.text.count("does not answer, waiting for it") == 1  # told once
                 await asyncio.to_thread(server.start)
                 await member.caught_up()
+                assert member.runner.ready
+                # Gone once it ran: /readyz tells it (its partitions fail) until it is back.
+                await asyncio.to_thread(server.down)
+                r = await running.client.post("/v1/orders/o2/place", json={"customer_id": "c1", "lines": [{"sku": "a", "qty": 1, "price": 1}]})
+                assert r.status_code == 200, r.text
+                await wait_for(lambda: not member.runner.ready, what="the subscriber to be told not ready")
+                await asyncio.to_thread(server.up)
+                await member.caught_up()
+                await wait_for(lambda: member.runner.ready, what="the subscriber to be ready again")
             with server.connect("postgres") as db:
-                assert db.execute("SELECT order_id FROM placed").fetchall() == [("o1",)]
+                assert db.execute("SELECT order_id FROM placed ORDER BY order_id").fetchall() == [("o1",), ("o2",)]
             assert "placed_log: its database answers, after " in caplog.text
 
             refused = _placed_log(f"postgresql://nobody@127.0.0.1:{port}/postgres")  # no such role

@@ -58,6 +58,7 @@ class InputPartition:
         self.worker: PartitionWorker | None = None
         self.running = False  # started: records handed over are handled
         self.busy = False  # a chunk is handed over and not yet handled
+        self.failing = False  # failed, and not started again since (its database away, say)
         self._chunks: asyncio.Queue[Chunk] = asyncio.Queue()
         self._suspects: dict[int, Exception] = {}  # PartitionWorker.suspects, across its starts
         self._committed: int | None = None  # as last known: kept while the partition starts again
@@ -92,6 +93,7 @@ class InputPartition:
             try:
                 await self._start(self.worker, failing.since_first())
                 failing = _Failing()
+                self.failing = False
                 while True:
                     records, end = await self._chunks.get()
                     await self.worker.handle(records, end)
@@ -104,6 +106,7 @@ class InputPartition:
                 delay = RESTART_DELAYS_S[min(failing.tries + 1, len(RESTART_DELAYS_S)) - 1]
                 failing.tell(error, f"{self.runner.subscription.name}: {self.tp.topic}/{self.tp.partition} starts again in {delay:.1f}s after ")
                 self.running = self.busy = False
+                self.failing = True
                 self.runner.consumer.pause(self.tp)
                 while not self._chunks.empty():
                     self._chunks.get_nowait()  # read again from where the partition starts
@@ -178,15 +181,19 @@ class SubscriptionRunner:
         self.group_id = group_id(settings, subscription)
         self.partitions: dict[TopicPartition, InputPartition] = {}
         self._consumer: AIOKafkaConsumer | None = None
-        # Running, its stores open (a database handler's database answered); its lag, once it
-        # has partitions, is in /metrics.
-        self.ready = False
+        self._open = False  # running, its stores open (a database handler's database answered)
 
     @property
     def consumer(self) -> AIOKafkaConsumer:
         if self._consumer is None:
             raise RuntimeError("the runner is not running")
         return self._consumer
+
+    @property
+    def ready(self) -> bool:
+        """Running, its stores open, and none of its partitions failing (a database handler's
+        database gone since, say): what /readyz tells. Its lag is in /metrics."""
+        return self._open and not any(p.failing for p in self.partitions.values())
 
     @property
     def caught_up(self) -> bool:
@@ -215,7 +222,7 @@ class SubscriptionRunner:
             await stop_consumer(consumer)  # made, never started: closed all the same
             self._consumer = None
             return
-        self.ready = True
+        self._open = True
         consumer.subscribe(self.router.topics, listener=_Listener(self))
         # Beside the loop, not in it: the count waits for the store, which a long unit of a
         # partition holds (a database handler's transaction), and the loop must go on
@@ -253,7 +260,7 @@ class SubscriptionRunner:
             await self._revoke(set(self.partitions))
             await stop_consumer(consumer)
             self._consumer = None
-            self.ready = False
+            self._open = False
             await self.stores.close()
 
     async def _open_stores(self, consumer: AIOKafkaConsumer, stop: asyncio.Event) -> bool:
