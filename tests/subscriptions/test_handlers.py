@@ -22,6 +22,7 @@ from esk import (
     Context,
     DatabaseContext,
     DatabaseHandler,
+    Event,
     Reactor,
     Retries,
     Send,
@@ -398,6 +399,58 @@ async def test_events_parked_for_a_newer_schema_version_are_handled_once_the_cod
         resolved = await load_parked(tx.esk, upgraded.name, status=None)
     assert applied == [("o2", 1), ("o1", 1), ("o1", 2), ("o1", 3)]
     assert parked == [] and {(p.status.value, p.resolved_by) for p in resolved} == {("retried", "esk: its schema version is known now")}
+    await database.close()
+
+
+class Refunded(Event):
+    """An event type the next release adds to orders."""
+
+    amount: int
+
+
+WITH_REFUNDS = dataclasses.replace(orders, events=[*orders.events, Refunded])
+
+
+@pytest.mark.parametrize("handled", [True, False], ids=["handled next", "not handled next"])
+async def test_an_event_of_a_type_the_code_does_not_know_yet_waits_for_the_code_that_does(handled: bool) -> None:
+    """A processor released before the subscribers writes an event type the next release
+    adds: passed over as a type the subscription does not handle, it was lost to the next
+    release's handler of it. It is parked as one of a newer version is, its aggregate's
+    next events behind it, and taken up by the code that knows the type, whether or not a
+    handler there takes it."""
+    database = SQLite(":memory:").connect(Path(":memory:"))
+    tp = TopicPartition("test.orders.events", 0)
+
+    def event(n: int, order_id: str, version: int, event: Event) -> ConsumerRecord[bytes, bytes]:
+        data = event.model_dump(mode="json")
+        record = EventRecord(f"orders/{order_id}/{version}", "orders", order_id, version, event.type_name(), 1, data, "c", "c", "c", 0)
+        return order_record(n, order_id, event.type_name(), record.encode())
+
+    older = flaky_ledger({})
+    await prepare(database, older)
+    worker = PartitionWorker(older, Router(older, {"orders": orders}, "test"), DatabaseSink(database, older, tp), NO_WAIT)
+    await worker.open()
+    await worker.handle([event(0, "o1", 2, Refunded(amount=5)), event(1, "o2", 1, ADDED), event(2, "o1", 3, ADDED)], 3)
+    async with database.transaction() as tx:
+        parked = await load_parked(tx.esk, older.name)
+        assert await tx.sql.fetchall("SELECT order_id, version FROM applied") == [("o2", 1)]
+    assert [(p.offset, p.reason) for p in parked] == [
+        (0, "undecodable: NewerSchemaVersion: orders event Refunded is of a type this code does not know: written by newer "
+            "code (run that code, or add the type here)"),
+        (2, "waits behind an earlier parked event of 'o1'"),
+    ]
+
+    upgraded = flaky_ledger({}, aggregate=WITH_REFUNDS)
+    if handled:
+        @upgraded.on(Refunded)
+        async def refunded(event: Refunded, ctx: DatabaseContext) -> None:
+            await ctx.db.execute("INSERT INTO applied VALUES (?, ?)", (f"refund {event.amount}", ctx.version))
+
+    worker = PartitionWorker(upgraded, Router(upgraded, {"orders": WITH_REFUNDS}, "test"), DatabaseSink(database, upgraded, tp), NO_WAIT)
+    assert await worker.open() == 3 and worker.parked == set()
+    async with database.transaction() as tx:
+        applied = await tx.sql.fetchall("SELECT order_id, version FROM applied")
+    assert applied == [("o2", 1), *([("refund 5", 2)] if handled else []), ("o1", 3)]
     await database.close()
 
 

@@ -2,7 +2,8 @@
 decoded for it.
 
 An event's type is in its `esk-event-type` header: a record of a type the subscription does
-not handle is passed over without decoding it. On `<app>.results` a reactor reads only the
+not handle is passed over without decoding it (of a type the code knows: one it does not
+is newer code's, and parked for it). On `<app>.results` a reactor reads only the
 outcomes of its own commands, whose ids begin with `<subscription>:`; the id is the first
 field of an encoded Outcome (protocol.py encodes a record's fields in their declared
 order), so that is a prefix test on the raw bytes too.
@@ -26,7 +27,7 @@ from typing import Any
 
 from aiokafka.structs import ConsumerRecord
 
-from ..domain.aggregate import AggregateType, Event, one_line
+from ..domain.aggregate import AggregateType, Event, NewerSchemaVersion, one_line
 from ..kafka.topics import TopicNames
 from ..protocol import CommandEnvelope, DecodeError, EventRecord, Outcome
 from .api import AnySubscription, CommandOutcome, Context, DatabaseContext, Origin, OutcomeContext, Reactor, Send, event_key
@@ -133,9 +134,11 @@ class Router:
         self.registry = registry
         names = TopicNames(app)
         self._events: dict[str, tuple[AggregateType[Any], dict[str, Handler]]] = {}
+        self._known: dict[str, frozenset[str]] = {}  # each events topic's event types this code knows
         for aggregate in subscription.reads:
             handlers = {t.type_name(): h for t, h in subscription.handlers.items() if subscription.aggregate_of(t) is aggregate}
             self._events[names.events(aggregate.name)] = (aggregate, handlers)
+            self._known[names.events(aggregate.name)] = frozenset(t.type_name() for t in aggregate.events)
         self.commands_topic = names.commands
         self.results_topic: str | None = None
         self._outcome_prefix = b'{"command_id":"' + f"{subscription.name}:".encode()
@@ -148,13 +151,16 @@ class Router:
 
     def select(self, record: ConsumerRecord[bytes, bytes]) -> Route | None:
         """The handler's route for `record`, or None when the subscription does not read it;
-        from the headers and key alone."""
+        from the headers and key alone. An event of a type this code does not know (one the
+        next release adds, written by a processor released first) is routed, for `decode`
+        to tell: whether a handler of the next release takes it is not known here, and one
+        passed over would be lost to it."""
         if record.topic == self.results_topic:
             value = record.value
             return _OUTCOME if value is not None and value.startswith(self._outcome_prefix) else None
         aggregate, handlers = self._events[record.topic]
         type_name = header(record, "esk-event-type")
-        if type_name is None:
+        if type_name is None or type_name not in self._known[record.topic]:
             return EventRoute(aggregate, None)
         handler = handlers.get(type_name)
         return EventRoute(aggregate, handler) if handler is not None else None
@@ -170,6 +176,11 @@ class Router:
             raise Undecodable(f"DecodeError: {error}") from None
         handler = route.handler or self._events[record.topic][1].get(event_record.type)
         if handler is None:
+            if event_record.type not in self._known[record.topic]:
+                raise Undecodable(one_line(NewerSchemaVersion(
+                    f"{route.aggregate.name} event {event_record.type} is of a type this code does not know: written by newer "
+                    "code (run that code, or add the type here)"
+                )))  # fmt: skip
             return None
         try:
             event = route.aggregate.decode_event(event_record.type, event_record.schema_version, event_record.data)
