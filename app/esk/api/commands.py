@@ -37,6 +37,7 @@ from ..projections.positions import Position
 from ..protocol import STATE_UNUSABLE, CommandEnvelope, Outcome, Status, payload_digest
 from ..settings import Settings
 from .gateway import CommandGateway, KafkaAway
+from .history import events_as_current
 from .positions import EventPositions
 from .problems import Problem
 from .replica import StateReplica
@@ -134,26 +135,35 @@ def etag(version: int) -> dict[str, str]:
     return {"ETag": f'"{version}"'}
 
 
-def outcome_response(outcome: Outcome, position: Position | None = None) -> Response:
+def outcome_response(outcome: Outcome, aggregate: AggregateType[Any] | None, position: Position | None = None) -> Response:
     """The HTTP answer to a command's outcome, the same wherever it is asked for; an accepted
-    one with the position of its events when it is known (read-your-writes)."""
+    one with its events as this code's schemas have them (an outcome stored by an older
+    release, a retry answered after an upgrade, holds older ones), and the position of its
+    events when it is known (read-your-writes)."""
     if outcome.status is Status.ACCEPTED:
         body = {
             "command_id": outcome.command_id,
             "type": outcome.aggregate_type,
             "id": outcome.aggregate_id,
             "version": outcome.version,
-            "events": outcome.events,
+            "events": events_as_current(aggregate, outcome.events, f"the outcome of command {outcome.command_id!r}"),
             "position": None if position is None else position.as_json(),
         }
         headers = etag(outcome.version) | ({} if position is None else {POSITION_HEADER: position.token()})
         return json_response(body, 200, headers)
     extra = {"command_id": outcome.command_id, "current_version": outcome.version}
     headers = etag(outcome.version) if outcome.version > 0 else {}
+    code = outcome.code or ("precondition_failed" if outcome.status is Status.PRECONDITION_FAILED else "rejected")
+    return Problem(outcome_status(outcome), code, outcome.detail or "", headers, **extra).response()
+
+
+def outcome_status(outcome: Outcome) -> int:
+    """The HTTP status of the answer to a command's outcome."""
+    if outcome.status is Status.ACCEPTED:
+        return 200
     if outcome.status is Status.PRECONDITION_FAILED:
-        return Problem(412, outcome.code or "precondition_failed", outcome.detail or "", headers, **extra).response()
-    status = {NOT_FOUND: 404, ALREADY_EXISTS: 409, STATE_UNUSABLE: 500}.get(outcome.code or "", 422)
-    return Problem(status, outcome.code or "rejected", outcome.detail or "", headers, **extra).response()
+        return 412
+    return {NOT_FOUND: 404, ALREADY_EXISTS: 409, STATE_UNUSABLE: 500}.get(outcome.code or "", 422)
 
 
 def _another_command(outcome: Outcome, aggregate_type: AggregateType[Any], aggregate_id: str, command: str, digest: str) -> str | None:
@@ -256,7 +266,7 @@ class CommandIntake:
             # a key reused for a new command: answering with the first one's outcome would
             # tell of another aggregate, command or payload
             _refuse_another_command(known, aggregate_type, aggregate_id, name, digest)
-            return outcome_response(known, await self.positions.of(known))
+            return outcome_response(known, aggregate_type, await self.positions.of(known))
         envelope = CommandEnvelope(
             command_id=command_id,
             aggregate_type=aggregate_type.name,
@@ -314,7 +324,7 @@ class CommandIntake:
             )
         self.submitted.discard(command_id)
         _refuse_another_command(outcome, aggregate_type, aggregate_id, name, digest)
-        return outcome_response(outcome, await self.positions.of(outcome))
+        return outcome_response(outcome, aggregate_type, await self.positions.of(outcome))
 
 
 class CommandEndpoint:

@@ -24,6 +24,7 @@ from typing import Any
 
 from aiokafka import TopicPartition
 
+from ..domain.aggregate import AggregateType
 from ..kafka.metadata import topic_partitions
 from ..kafka.topics import TopicNames
 from ..metrics import HISTORY_POSITION
@@ -87,6 +88,32 @@ class HistoryPage:
     next_version: int | None  # where the next page starts; None: this one ends the history
 
 
+def as_current(
+    aggregate: AggregateType[Any] | None, type_name: str, schema_version: int, data: dict[str, Any], where: str
+) -> tuple[dict[str, Any], int]:
+    """A stored event's payload and schema version as the HTTP API shows them: in its event
+    type's current schema where the domain's upcasters can bring it there (as the OpenAPI
+    document describes it), else as stored, told in a WARNING naming `where`."""
+    if aggregate is None:
+        return data, schema_version
+    try:
+        current = aggregate.event_type(type_name).schema_version
+        if schema_version < current:
+            return aggregate.current_payload(type_name, schema_version, data), current
+    except Exception as error:  # the domain's code: the event is still shown, as stored
+        log.warning("%s: %s v%d shown as stored (%r)", where, type_name, schema_version, error)
+    return data, schema_version
+
+
+def events_as_current(aggregate: AggregateType[Any] | None, events: list[dict[str, Any]], where: str) -> list[dict[str, Any]]:
+    """A command's events (Outcome.events) as the HTTP API shows them (`as_current`)."""
+    shown = []
+    for event in events:
+        data, schema_version = as_current(aggregate, event["type"], event["schema_version"], event["data"], where)
+        shown.append(event if data is event["data"] else {**event, "data": data, "schema_version": schema_version})
+    return shown
+
+
 class EventHistory(TopicFollower):
     def __init__(self, settings: Settings, registry: Registry) -> None:
         path = Path(settings.api.state_dir) / f"{settings.app}.history"
@@ -139,14 +166,7 @@ class EventHistory(TopicFollower):
             if limit is not None and len(events) == limit:
                 return HistoryPage(events, int.from_bytes(key[len(prefix):], "big"))
             event = EventRecord.decode(value)
-            data, schema_version = event.data, event.schema_version
-            if aggregate is not None:
-                try:
-                    current = aggregate.event_type(event.type).schema_version
-                    if schema_version < current:
-                        data, schema_version = aggregate.current_payload(event.type, schema_version, data), current
-                except Exception as error:  # the domain's code: the event is still shown, as stored
-                    log.warning("history of %s %r: %s v%d shown as stored (%r)", aggregate_type, aggregate_id, event.type, schema_version, error)
+            data, schema_version = as_current(aggregate, event.type, event.schema_version, event.data, f"history of {aggregate_type} {aggregate_id!r}")
             events.append({
                 "event_id": event.event_id,
                 "type": event.type,

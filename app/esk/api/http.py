@@ -36,9 +36,9 @@ from ..schema.asyncapi import asyncapi_document
 from ..schema.lock import LockError, project_lock
 from ..settings import Settings
 from .auth import BearerAuth
-from .commands import AGGREGATE_ID, CommandEndpoint, CommandIntake, CommandRoutes, etag, json_response, outcome_response
+from .commands import AGGREGATE_ID, CommandEndpoint, CommandIntake, CommandRoutes, etag, json_response, outcome_status
 from .gateway import CommandGateway
-from .history import EventHistory
+from .history import EventHistory, events_as_current
 from .openapi import READ_PARAMETERS, document
 from .positions import EventPositions
 from .problems import Problem
@@ -199,7 +199,9 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
         outcome = replica.outcome(command_id)
         if outcome is not None:
             intake.submitted.discard(command_id)
-            body = {**orjson.loads(outcome.encode()), "http_status": outcome_response(outcome).status_code}
+            aggregate = registry.get(outcome.aggregate_type)
+            events = events_as_current(aggregate, outcome.events, f"the outcome of command {command_id!r}")
+            body = {**orjson.loads(outcome.encode()), "events": events, "http_status": outcome_status(outcome)}
             return json_response(body)
         if command_id in intake.submitted:
             return json_response({"command_id": command_id, "status": "pending"}, 202)
