@@ -163,7 +163,15 @@ def outcome_status(outcome: Outcome) -> int:
         return 200
     if outcome.status is Status.PRECONDITION_FAILED:
         return 412
-    return {NOT_FOUND: 404, ALREADY_EXISTS: 409, STATE_UNUSABLE: 500}.get(outcome.code or "", 422)
+    return _REFUSED_STATUS.get(outcome.code or "", 422)
+
+
+# Refusals whose status is not a domain rejection's 422: the processor's of a command whose
+# type or name its code does not have (a command queued before a release removed it) are
+# the API's own 404s for them.
+_REFUSED_STATUS = {
+    NOT_FOUND: 404, "unknown_command": 404, "unknown_aggregate_type": 404, ALREADY_EXISTS: 409, STATE_UNUSABLE: 500,
+}
 
 
 def _another_command(outcome: Outcome, aggregate_type: AggregateType[Any], aggregate_id: str, command: str, digest: str) -> str | None:
