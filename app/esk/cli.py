@@ -251,6 +251,7 @@ def processor() -> None:
     from .health import CannotListen
     from .processes import HeldElsewhere
     from .runtime import run_processor
+    from .schema.recorded import SchemasContradicted
 
     settings = load_settings()
     registry = domain_registry(settings)  # fails in one line here; the runtime loads it again (cached)
@@ -262,6 +263,10 @@ def processor() -> None:
 
     try:
         run_processor(settings, wait)
+    except SchemasContradicted as error:
+        for line in error.told:
+            err.print(f"  {escape(line)}", highlight=False, soft_wrap=True)
+        raise fail(str(error)) from None
     except HeldElsewhere as error:
         raise fail(f"another processor{error.holder} runs over {settings.processor.state_dir}: give each its own ESK_PROCESSOR__STATE_DIR") from None
     except CannotListen as error:

@@ -27,6 +27,7 @@ from .metrics import Kind, exported
 from .processes import hold_lock, kill_tree, set_from_signal_handler
 from .processing.processor import Processor
 from .registry import load_registry
+from .schema.recorded import hold_to_recorded_schemas
 from .settings import Settings
 from .state.allocator import return_large_blocks
 from .state.restore import RestoreProgress
@@ -52,6 +53,8 @@ def run_processor(settings: Settings, wait: Callable[[], None] = lambda: None) -
             exported(Kind.PROCESSOR), heartbeat.alive,
         )
     wait()
+    # Before any event is written: not an event of a shape the brokers hold another of.
+    asyncio.run(hold_to_recorded_schemas(settings, registry, refuse=DEV_CHILD_VARIABLE not in os.environ))
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),

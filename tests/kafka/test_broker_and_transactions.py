@@ -253,7 +253,7 @@ def test_a_processor_started_before_its_broker_waits_for_it(tmp_path: Path) -> N
         embedded.start()
         wait_until_text(log, f"Kafka at {embedded.bootstrap} answers: starting", started)
         # and for its topics (started beside `esk topics init`, a Job say), in a line
-        wait_until_text(log, "no topic waits.commands, waits.results, waits.changelog, waits.dlq, waits.accounts.events", started)
+        wait_until_text(log, "no topic waits.commands, waits.results, waits.changelog, waits.dlq, waits.schemas, waits.accounts.events", started)
         settings = Settings(app="waits", kafka={"bootstrap_servers": embedded.bootstrap}, _env_file=None)
         asyncio.run(ensure_topics(settings, topic_specs(settings, load_registry(settings.domain))))
         wait_until_text(log, "the topics are there: starting", started)

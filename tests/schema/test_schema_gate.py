@@ -216,6 +216,32 @@ def test_a_schema_version_going_back_is_breaking() -> None:
     assert "schema_version went back from 2 to 1" in str(finding)
 
 
+def test_a_rollback_to_a_version_the_lock_holds_as_it_was_does_not_contradict_the_events_stored() -> None:
+    """The code of the release before, under the lock of the release that raised a version:
+    it writes the older version as that release did, so a processor of it may start (its
+    aggregates with newer events unusable meanwhile); an older version of another shape
+    would be two shapes under one version, which it may not."""
+
+    class Deposited(Event):
+        schema_version = 2
+        amount: int
+        memo: str = ""
+
+    raised = build_lock(wallets(events=[Opened, Deposited], upcasters={("Deposited", 1): lambda d: d}), LOCKED)
+    finding = only(Severity.BREAKING, check(wallets(), raised))
+    assert "went back from 2 to 1, its shape as locked before (a rollback)" in str(finding)
+    assert not finding.contradicts_stored
+
+    def another_shape() -> type[Event]:
+        class Deposited(Event):
+            amount: str
+
+        return Deposited
+
+    finding = only(Severity.BREAKING, check(wallets(events=[Opened, another_shape()]), raised))
+    assert "went back from 2 to 1: v2 events may be stored already" in str(finding) and finding.contradicts_stored
+
+
 def test_annotations_and_renamed_nested_models_are_not_shape_changes() -> None:
     class Line(BaseModel):
         sku: str

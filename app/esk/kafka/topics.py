@@ -51,6 +51,10 @@ class TopicNames:
     def dlq(self) -> str:
         return f"{self.app}.dlq"
 
+    @property
+    def schemas(self) -> str:
+        return f"{self.app}.schemas"
+
     def events(self, aggregate_type: str) -> str:
         return f"{self.app}.{aggregate_type}.events"
 
@@ -68,6 +72,8 @@ def topic_specs(settings: Settings, aggregate_types: Iterable[str]) -> list[Topi
         spec(names.results, **{"cleanup.policy": "delete", "retention.ms": str(t.results_retention_ms)}),
         spec(names.changelog, **{"cleanup.policy": "compact"}),
         spec(names.dlq, **{"cleanup.policy": "delete", "retention.ms": str(t.dlq_retention_ms)}),
+        # What each event schema version stored is (esk.schema.recorded): a few records.
+        TopicSpec(names.schemas, 1, t.replication_factor, {**common, "cleanup.policy": "compact"}),
         # Events are the source of truth: kept forever.
         *(spec(names.events(a), **KEPT_FOREVER) for a in aggregate_types),
     ]

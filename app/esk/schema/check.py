@@ -168,6 +168,18 @@ def _event_changes(aggregate: AggregateType[Any], name: str, locked: LockedEvent
     subject = f"{aggregate.name} event {name}"
     version = locked.schema_version
     if now.schema_version < version:
+        held = locked.older_versions.get(now.schema_version)
+        if held is not None and same_shape(held, now.schema):
+            # A rollback: the code writes an older version as it was, beside the newer ones
+            # stored, which it does not read (their aggregates unusable, subscribers parking
+            # them) until the newer code runs again. Two shapes under one version it is not.
+            yield Finding(
+                Severity.BREAKING, aggregate.name, "event", name, "",
+                f"{subject}: schema_version went back from {version} to {now.schema_version}, its shape as locked before "
+                f"(a rollback): v{version} events may be stored already, which this code does not read; keep this lock "
+                f"for the release after it, which must not give v{version} another shape",
+            )
+            return
         yield Finding(
             Severity.BREAKING, aggregate.name, "event", name, "",
             f"{subject}: schema_version went back from {version} to {now.schema_version}: v{version} events may be stored already",
