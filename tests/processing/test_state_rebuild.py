@@ -57,10 +57,12 @@ def _decide(_state: BaseModel | None, command: Command) -> Decision:
     return [Added(n=command.n)] if isinstance(command, Add) else [Started()]
 
 
-def _counters(state: type[BaseModel], evolve: Callable[[Any, Event], BaseModel], events: list[type[Event]] | None = None) -> Registry:
+def _counters(
+    state: type[BaseModel], evolve: Callable[[Any, Event], BaseModel], events: list[type[Event]] | None = None, state_version: int = 1
+) -> Registry:
     counters: AggregateType[Any] = AggregateType(
         name="counters", state=state, commands={"start": Start, "add": Add}, creates=frozenset({Start}),
-        events=events or [Started, Added], decide=_decide, evolve=evolve,
+        events=events or [Started, Added], decide=_decide, evolve=evolve, state_version=state_version,
     )
     return {"counters": counters}
 
@@ -113,6 +115,27 @@ async def test_states_of_a_changed_model_are_rebuilt_from_their_events(settings:
         # A start with the same model rebuilds nothing again.
         async with processor(own, v2):
             assert REBUILT_AGGREGATES._value.get() - rebuilt_before == len(ids)
+
+
+def _v1_with_a_bonus(state: CounterV1 | None, event: Event) -> CounterV1:
+    """The same model, another rule: each add counts one more."""
+    return CounterV1(count=(state.count if state else 0) + (event.n + 1 if isinstance(event, Added) else 0))
+
+
+async def test_a_changed_evolve_rebuilds_the_states_once_its_state_version_is_raised(settings: Settings) -> None:
+    """The model as it was, `evolve` changed: nothing in the code tells the stored states
+    are another rule's. Raising `state_version` says so, and they are rebuilt."""
+    await ensure_topics(settings, topic_specs(settings, _counters(CounterV1, _v1)))
+    own, api_settings = with_state_dirs(settings, "p0"), with_state_dirs(settings, "a0")
+    async with api(api_settings, _counters(CounterV1, _v1)) as client:
+        async with processor(own, _counters(CounterV1, _v1)):
+            await _make(client, "c0", 2, 3)
+    for state_version, count in ((1, 5), (2, 7)):  # the new rule unseen, then rebuilt
+        registry = _counters(CounterV1, _v1_with_a_bonus, state_version=state_version)
+        async with api(api_settings, registry) as client, processor(own, registry):
+            assert (await client.get("/v1/counters/c0")).json()["state"] == {"count": count}
+    with pytest.raises(ValueError, match="state_version starts at 1, not 0"):
+        _counters(CounterV1, _v1, state_version=0)
 
 
 async def test_an_aggregate_whose_events_do_not_fold_is_unusable_and_the_others_go_on(settings: Settings) -> None:
