@@ -97,9 +97,8 @@ def _flat(metadata: typing.Iterable[Any]) -> list[Any]:
 
 
 # Spark's decimals hold 38 digits at most; one of no declared precision is read with 20
-# before the point and 18 after. A value past that would be read as null (Spark's from_json
-# nulls a field it cannot convert and keeps the others): a field declared with pydantic's
-# `max_digits` and `decimal_places` is read as exactly that.
+# before the point and 18 after (a value past that fails its batch: `payload`). A field
+# declared with pydantic's `max_digits` and `decimal_places` is read as exactly that.
 DECIMAL_DIGITS_MAX = 38
 DECIMAL_DEFAULT = DecimalType(DECIMAL_DIGITS_MAX, 18)
 
@@ -363,8 +362,11 @@ def is_event(aggregate_type: AggregateType[Any], event: type[Event]) -> Column:
 
 
 def payload(aggregate_type: AggregateType[Any], event: type[Event]) -> Column:
-    """The decoded payload of `event`'s rows, as a struct of its fields; null on other rows."""
-    return F.when(is_event(aggregate_type, event), F.from_json(F.col("data"), spark_schema(event)))
+    """The decoded payload of `event`'s rows, as a struct of its fields; null on other rows.
+    A value its field's Spark type cannot hold (a number past a bigint or a decimal's
+    precision) fails the batch, which parks its aggregate: Spark would read it as null,
+    and the read model's rows would be wrong with nothing told."""
+    return F.when(is_event(aggregate_type, event), F.from_json(F.col("data"), spark_schema(event), {"mode": "FAILFAST"}))
 
 
 def of(aggregate_type: AggregateType[Any]) -> Column:

@@ -577,6 +577,9 @@ class RunFailed(Exception):
 _WHERE_MAX = 200  # characters of Spark's word on where a batch failed
 
 
+MALFORMED_RECORD = "MALFORMED_RECORD_IN_PARSING"
+
+
 def _in_a_line(error: BaseException) -> str:
     """What failed, in a line. A batch's failure comes wrapped in Spark's (the query's, then
     its foreachBatch function's), with the read model's own exception at the end of a
@@ -593,7 +596,11 @@ def _in_a_line(error: BaseException) -> str:
             return f"{raised[0]} (in a batch: {where})"
     lines = text.splitlines()
     if len(lines) > 1 and lines[0].startswith("An error occurred while calling"):  # py4j's: the Java error follows
-        return _first_line(lines[1].lstrip(": "))
+        told = _first_line(lines[1].lstrip(": "))
+        # A payload's value its field cannot hold (`payload`'s FAILFAST parse): Spark's
+        # "malformed record" wraps what it could not read, told in the cause at the end.
+        causes = [line.strip().removeprefix("Caused by: ") for line in lines if line.strip().startswith("Caused by: ")]
+        return f"{told} ({_first_line(causes[-1])})" if MALFORMED_RECORD in told and causes else told
     return f"{type(error).__name__}: {_first_line(text)}" if lines else type(error).__name__
 
 
