@@ -96,7 +96,7 @@ from esk.kafka.client_options import client_options  # noqa: E402
 from esk.projections.catalog import Tables  # noqa: E402
 from esk.projections.positions import Position  # noqa: E402
 from esk.projections.reader import ReadModelNotBuilt, ReadModelRows  # noqa: E402
-from esk.projections.runner import EventsNewerThanCode, StopRequest, run  # noqa: E402
+from esk.projections.runner import EventsNewerThanCode, RunFailed, StopRequest, run, run_several  # noqa: E402
 from esk.settings import Settings  # noqa: E402
 from tests.counters import Added, counters  # noqa: E402
 from tests.projections.settings import counters_settings  # noqa: E402
@@ -251,8 +251,52 @@ async def test_a_read_model_that_fails_on_every_event_parks_nothing_and_fails(
         with pytest.raises(Exception, match="the read model's own bug"):
             await asyncio.to_thread(run, settings, broken, spark=spark)
     assert Tables(settings.projections.warehouse_dir).parked("lucky_totals", 1).load() == []
-    assert "parked" not in runner_said()
+    assert ": parked " not in runner_said() and "nothing parked: the failure is the read model's code" in runner_said()
     assert "looking for the event that fails it" in runner_said()
+
+
+@pytest.mark.kafka
+@pytest.mark.spark
+@pytest.mark.timeout(600)
+async def test_a_read_model_that_fails_as_it_runs_is_left_out_of_esk_devs_driver_and_the_others_go_on(
+    settings: Settings, tmp_path: Path, runner_said: Callable[[], str]
+) -> None:
+    """`--leave-out-invalid` (esk dev's driver): a read model whose batch fails with nothing
+    to park (its code's bug) is told and left out; the others keep up. Without it, every
+    read model of the driver stopped, and a restart of the same code failed the same way."""
+
+    def failing_on_every_row(events: DataFrame, writer: esk.BatchWriter) -> int:
+        rows = events.select(F.raise_error(F.lit("the read model's own bug")).cast("string").alias("counter_id"), F.lit(0).cast("long").alias("total"), "version")
+        return writer.merge(rows, esk.Merge(on="t.counter_id = s.counter_id"))
+
+    broken = esk.Projection(esk.ReadModel("broken_totals", (counters,), "fails"), LUCKY.columns, failing_on_every_row)
+    settings = _counters_settings(settings, tmp_path)
+    rows = ReadModelRows(settings)
+    stop = StopRequest()
+    async with system(settings) as s:
+        for counter in [f"c{n}" for n in range(PARKED_PER_BATCH_MAX + 2)]:
+            assert (await s.client.post(f"/v1/counters/{counter}/start", json={})).status_code == 200
+        driver = asyncio.create_task(asyncio.to_thread(run_several, settings, [broken, LUCKY], True, False, stop, True))
+        try:
+            await _until(lambda: "broken_totals: failed: " in runner_said(), "the broken read model to be left out")
+            assert (await s.client.post("/v1/counters/c0/add", json={"n": 4})).status_code == 200  # after it was left out
+            await _until(lambda: _row(rows, "c0") == (4, 2), "the other read model to keep up")
+            assert not driver.done()
+        finally:
+            stop.asked.set()
+        with pytest.raises(RunFailed, match=r"^broken_totals failed: .*the read model's own bug"):
+            await driver
+    said = runner_said()
+    assert "broken_totals g1 batch 0: nothing parked: the failure is the read model's code, not one aggregate's event" in said
+    assert "left out of this run, the other read models going on" in said
+
+
+def _row(rows: ReadModelRows, counter: str) -> tuple[int, int] | None:
+    try:
+        found = rows.read("lucky_totals", {"counter_id": counter}, limit=1)
+    except Exception:  # not built yet
+        return None
+    return (found[0]["total"], found[0]["version"]) if found else None
 
 
 @pytest.mark.kafka

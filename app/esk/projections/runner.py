@@ -450,6 +450,11 @@ def _keep(
         with task_failures_untold(spark):
             newly = find_parked(events, batch_id, fails, "/".join(filter(None, kind)), parked)
         if not newly:
+            log.warning(
+                f"{name} g{generation} batch {batch_id}: nothing parked: the failure is the read model's code, not one "
+                f"aggregate's event (it fails with no event, or on many aggregates' events, or on events of one type over "
+                f"and over): fix its code"
+            )
             raise error
         if stopping():
             raise BatchInterrupted(INTERRUPTED_BY_STOP) from error
@@ -635,9 +640,10 @@ def run_several(
     must not share. A run that fails stops the others between batches, and is raised as
     RunFailed once they have stopped: the supervisor restarts them together. With
     `leave_out_invalid`, a read model that cannot run as its code stands (ReadModelInvalid,
-    told at its start) is told and left out while the others go on, and raised as RunFailed
-    once they end: a typo in a new read model under `esk dev` would otherwise stop every
-    table until it is fixed, a restart changing nothing. Their
+    told at its start) or fails as it runs (a batch whose failure parks nothing) is told and
+    left out while the others go on, and raised as RunFailed once they end: a typo in a new
+    read model under `esk dev` would otherwise stop every table until it is fixed, a
+    restart changing nothing. Their
     catch-ups take turns, while those caught up keep up: a catch-up's batches are big (its
     cached records, a lookup's broadcast keys), and several at once would share the
     driver's memory for no gain on its few cores."""
@@ -660,10 +666,11 @@ def run_several(
             try:
                 summaries[name] = run(settings, projection, continuous, rebuild, spark.newSession(), stop, catch_up_turn, taken)
             except BaseException as error:  # the thread's end: whatever it was, the run failed
-                if leave_out_invalid and isinstance(error, ReadModelInvalid):
-                    if taken is not None:  # refused before `run` took it over; the driver goes on
+                if leave_out_invalid and isinstance(error, Exception) and not stop.asked.is_set():
+                    if taken is not None and isinstance(error, ReadModelInvalid):  # refused before `run` took it over
                         taken.lock.release()
-                    log.error(f"{name}: {error}; left out of this run, the other read models going on")
+                    told = error if isinstance(error, ReadModelInvalid) else f"failed: {_in_a_line(error)}"
+                    log.error(f"{name}: {told}; left out of this run, the other read models going on")
                     left_out.append(RunFailed(name, error))
                     return
                 failures.append(RunFailed(name, error))
