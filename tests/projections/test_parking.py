@@ -524,4 +524,5 @@ async def test_a_continuous_run_that_meets_newer_events_after_its_catch_up_stand
             stop.asked.set()
         summary = await asyncio.wait_for(continuous, 120)
     assert totals() == {"c1": (2, 2)}  # not (2, 3): the v3 event's amount read as nothing
+    assert summary.held_up and summary.lag == {}  # not its last batch's "lag 0": the batch refused is behind
     assert summary.caught_up  # its catch-up was

@@ -103,6 +103,7 @@ class RunSummary:
     caught_up: bool = False  # False: stopped before it had read up to the newest events
     standby: bool = False  # stopped while it waited for another run to let go of the generation
     started: bool = True  # False: stopped before it held a generation (its driver starting, say)
+    held_up: bool = False  # it stood still before a batch of events newer than its code: its lag not known
 
 
 class Held(NamedTuple):
@@ -399,6 +400,7 @@ def _keep(
         told_at = time.monotonic()
         log.warning(f"{refused}: it stands still until it runs with the code that knows them (release the read models with the domain)")
         held.lock.held_up(f"{refused}: release the read models with the domain")  # for readers: waiting will not do
+        summary.held_up, summary.lag = True, {}  # the last batch's lag leaves out the one refused and what came after
         while not stop.asked.wait(POLL_S):
             if time.monotonic() - told_at >= NEWER_REPORT_EVERY_S:
                 log.warning(f"{refused}: still standing still, for the code that knows them")
@@ -544,7 +546,8 @@ def _keep(
         finally:
             if not watched.failed:  # a failed query has nothing to stop
                 _stop_between_batches(watched.query, stop, name)
-            summary.lag = _lag(watched.query.lastProgress)
+            if not summary.held_up:
+                summary.lag = _lag(watched.query.lastProgress)
     return summary
 
 
@@ -746,7 +749,7 @@ def _print_summaries(summaries: Sequence[RunSummary], console: Console) -> None:
             console.print(f"{summary.name}: stopped {waited}", highlight=False)
             continue
         # the lag is known once a batch has ended: none is not "lag 0"
-        lag = f"; lag {sum(summary.lag.values())}" if summary.lag else ""
+        lag = "; held up by events newer than its code" if summary.held_up else f"; lag {sum(summary.lag.values())}" if summary.lag else ""
         console.print(
             f"{summary.name}: generation {summary.generation}, {summary.batches} batches, {summary.events:,} events, "
             f"{summary.rows:,} rows written{lag}",
