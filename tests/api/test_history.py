@@ -293,6 +293,11 @@ async def test_a_read_after_a_position_waits_for_the_index_and_says_when_it_did_
     for after in (f"{shop.settings.app}.changelog/0/1", "t-other.counters.events/0/1", "nonsense"):
         r = await shop.client.get(url, params={"after": after})
         assert r.status_code == 400 and r.json()["code"] == "invalid_position", (after, r.text)
+    # a partition the topic does not have would never be reached: told, not waited for
+    partitions = shop.settings.topics.partitions
+    r = await shop.client.get(url, params={"after": f"{position.topic}/{partitions}/1", "wait_ms": 20_000})
+    assert r.status_code == 400 and r.json()["code"] == "invalid_position", r.text
+    assert r.json()["detail"] == f"{position.topic}/{partitions}/1: {position.topic} has partitions 0 to {partitions - 1}"
     r = await shop.client.get(url, params={"after": token, "wait_ms": -1})
     assert r.status_code == 400 and r.json()["code"] == "invalid_wait"
 

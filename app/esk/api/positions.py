@@ -65,14 +65,18 @@ class EventPositions:
     async def _position(self, outcome: Outcome) -> Position:
         assert self._consumer is not None, "EventPositions.start() was not awaited"
         topic = self.topics.events(outcome.aggregate_type)
-        if topic not in self._partitions:
-            self._partitions[topic] = len(await topic_partitions(self.settings, topic))
-        tp = TopicPartition(topic, partition_for(outcome.aggregate_id.encode(), self._partitions[topic]))
+        tp = TopicPartition(topic, partition_for(outcome.aggregate_id.encode(), await self.partitions(topic)))
         waiter: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._waiting.setdefault(tp, []).append(waiter)
         if self._lookup is None or self._lookup.done():
             self._lookup = asyncio.create_task(self._look_up())
         return Position(tp.topic, tp.partition, await waiter)
+
+    async def partitions(self, topic: str) -> int:
+        """How many partitions an events topic has (asked once: esk never adds any)."""
+        if topic not in self._partitions:
+            self._partitions[topic] = len(await topic_partitions(self.settings, topic))
+        return self._partitions[topic]
 
     async def _look_up(self) -> None:
         """Answer everyone waiting, round after round, until nobody is."""

@@ -51,6 +51,13 @@ class ReadAfter:
         if foreign:
             raise Problem(400, "invalid_position", f"{what} does not read {', '.join(foreign)}; it reads {', '.join(sorted(topics))}")
 
+    async def check_partitions(self, partitions: Callable[[str], Awaitable[int]]) -> None:
+        """400 `invalid_position` for a position on a partition its topic does not have: it
+        would never be reached (a token mistyped, or of another cluster)."""
+        for p in self.wanted:
+            if p.partition >= (count := await partitions(p.topic)):
+                raise Problem(400, "invalid_position", f"{p.token()}: {p.topic} has partitions 0 to {count - 1}")
+
     async def reflected(
         self,
         what: str,
