@@ -88,6 +88,16 @@ def load_optional(spec: str, set_explicitly: bool, load: Callable[[str], dict[st
         return {}
 
 
+def _described(item: Any) -> str:
+    """An item of the wrong kind, in a few words: an esk object's repr (an AggregateType's,
+    a Projection's) runs over a thousand characters."""
+    named = getattr(item, "name", None) or getattr(getattr(item, "model", None), "name", None)
+    if isinstance(named, str):
+        return f"{type(item).__name__} {named!r}"
+    text = repr(item)
+    return text if len(text) <= 80 else f"{text[:77]}..."
+
+
 def by_name(
     items: Iterable[Any], spec: str, kind: type[T], kind_name: str, name: Callable[[T], str], what: str
 ) -> dict[str, T]:
@@ -97,7 +107,7 @@ def by_name(
     found: dict[str, T] = {}
     for item in items:
         if not isinstance(item, kind):
-            raise SettingMistake(f"{spec} holds {item!r}, not {kind_name}")
+            raise SettingMistake(f"{spec} holds {_described(item)}, not {kind_name}")
         if name(item) in found:
             raise SettingMistake(f"{what} {name(item)!r} is registered twice")
         found[name(item)] = item

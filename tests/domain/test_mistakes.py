@@ -135,3 +135,16 @@ def test_what_decide_and_evolve_may_return_besides_lists_and_the_state_class_its
         decide=lambda state, command: [], evolve=lambda state, event: Book(title=event.title),
     )
     assert retired.fold([Added(title="kept readable")]) == Book(title="kept readable")
+
+
+def test_a_setting_naming_a_list_of_the_wrong_kind_names_the_item_in_a_few_words() -> None:
+    """ESK_READ_MODELS pointed at the aggregates' list: each item named by its kind and name,
+    not by its repr (over a thousand characters an AggregateType)."""
+    from esk.registry import SettingMistake, by_name
+    from tests.counters import counters
+
+    with pytest.raises(SettingMistake) as told:
+        by_name([counters], "shop:AGGREGATES", str, "a Projection", str, "read model")
+    assert str(told.value) == "shop:AGGREGATES holds AggregateType 'counters', not a Projection"
+    with pytest.raises(SettingMistake, match=r"^shop:X holds 'x{76}\.\.\., not a Projection$"):
+        by_name(["x" * 200], "shop:X", int, "a Projection", str, "read model")
