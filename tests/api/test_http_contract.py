@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 
 import httpx
@@ -339,12 +340,18 @@ async def test_openapi_health_and_metrics(settings: Settings) -> None:
     ],
     ids=["not there", "raises as it is imported"],
 )
-async def test_a_read_models_setting_that_names_nothing_is_a_problem_not_a_crash(settings: Settings, read_models: str, reason: str) -> None:
+async def test_a_read_models_setting_that_names_nothing_is_a_problem_not_a_crash(
+    settings: Settings, read_models: str, reason: str, caplog: pytest.LogCaptureFixture
+) -> None:
     """ESK_READ_MODELS set to a module that is not there, or fails as it is imported: reads
-    of read models answer 503 with the reason (G8), and the rest of the API serves as ever."""
+    of read models answer 503 with the reason (G8), said in a WARNING at the API's start,
+    and the rest of the API serves as ever."""
     broken = settings.model_copy(update={"read_models": read_models})
     assert "read_models" in broken.model_fields_set
+    caplog.set_level(logging.WARNING, logger="esk.api.http")
     async with system(broken) as s:
+        [told] = [r.getMessage() for r in caplog.records if "read_models_misconfigured" in r.getMessage()]
+        assert reason in told and told.endswith(": reads of read models answer 503 read_models_misconfigured"), told
         r = await s.client.get("/v1/projections/anything")
         assert r.status_code == 503 and r.json()["code"] == "read_models_misconfigured", r.text
         assert reason in r.json()["detail"]

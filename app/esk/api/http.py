@@ -140,6 +140,7 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        await _tell_read_models_misconfigured()
         await replica.start()
         if history is not None:
             # Once the replica has caught up: a long history must not delay serving commands.
@@ -299,6 +300,15 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
             problem.detail += f"; {NO_RUN}"
             problem.headers.pop("Retry-After", None)  # a retry would get the same answer
         return problem
+
+    async def _tell_read_models_misconfigured() -> None:
+        """At the start, in the log, what every read of a read model would answer: a setting
+        that names nothing usable is otherwise seen by the first reader only."""
+        try:
+            await _guarded("", read_models.names)
+        except Problem as problem:
+            if problem.code == "read_models_misconfigured":
+                log.warning("%s: reads of read models answer 503 read_models_misconfigured", problem.detail)
 
     async def _read_model(name: str, filters: dict[str, str], limit: int) -> list[dict[str, Any]]:
         return await _guarded(name, lambda: read_models.read(name, filters, limit))

@@ -383,7 +383,7 @@ def _aggregate_operation(registry: Registry) -> Schema:
     }
 
 
-def _history_operation(registry: Registry, topics: TopicNames, page_max: int) -> Schema:
+def _history_operation(registry: Registry, topics: TopicNames, page_max: int, partitions: int) -> Schema:
     reads = [topics.events(name) for name in sorted(registry)]
     return {
         "tags": ["state"],
@@ -398,7 +398,7 @@ def _history_operation(registry: Registry, topics: TopicNames, page_max: int) ->
                 "limit", "query", _count(1) | {"maximum": page_max},
                 f"Events the page holds at most (default and at most {page_max}, ESK_API__HISTORY_PAGE_MAX)",
             ),
-            *_read_after_parameters(reads, "the events"),
+            *_read_after_parameters(reads, "the events", partitions),
         ],
         "responses": {
             "200": _answer(
@@ -518,22 +518,24 @@ def _row_value(type_name: str) -> Schema:
     return value
 
 
-def _read_after_parameters(reads: Iterable[str], what: str) -> list[Schema]:
+def _read_after_parameters(reads: Iterable[str], what: str, partitions: int) -> list[Schema]:
     """`after` and `wait_ms` of a read of what follows the events topics `reads`; a position
-    on another topic is refused, so the document says which, and numbers past Kafka's (a
-    partition past 32 bits, an offset past 64) are too. (The pattern stops short of those
-    bounds, as a regular expression can: 9 and 18 digits; no topic comes near either.)"""
+    on another topic, or on a partition past the topics' (ESK_TOPICS__PARTITIONS, which
+    `esk topics init` holds them to), is refused, so the document says which, and offsets
+    past Kafka's 64 bits are too. (The pattern stops short of that bound, as a regular
+    expression can: 18 digits; no topic comes near it.)"""
     pattern = "|".join(re.escape(topic) for topic in reads)
+    numbers = "|".join(str(n) for n in range(partitions))
     return [
         _parameter(
-            "after", "query", {"type": "array", "items": {"type": "string", "pattern": rf"^({pattern})/\d{{1,9}}/\d{{1,18}}$"}},
+            "after", "query", {"type": "array", "items": {"type": "string", "pattern": rf"^({pattern})/({numbers})/\d{{1,18}}$"}},
             f"Positions (a command answer's `position.token`) {what} must reflect; the read waits for them",
         ),
         _parameter("wait_ms", "query", _count(), "How long to wait for `after` (default 5000, at most the API's bound)"),
     ]
 
 
-def _projection_operation(projection: Projection, row_limit: int, topics: TopicNames) -> Schema:
+def _projection_operation(projection: Projection, row_limit: int, topics: TopicNames, partitions: int) -> Schema:
     model = projection.model
     columns = _columns(projection.columns)
     filters = [
@@ -557,7 +559,7 @@ def _projection_operation(projection: Projection, row_limit: int, topics: TopicN
         "operationId": f"read_model_{model.name}",
         "parameters": [
             _parameter("limit", "query", _example(_count(1), 100), f"At most this many rows (never more than {row_limit})"),
-            *_read_after_parameters((topics.events(category) for category in model.categories), "the rows"),
+            *_read_after_parameters((topics.events(category) for category in model.categories), "the rows", partitions),
             *filters,
         ],
         "responses": {
@@ -610,9 +612,13 @@ def document(app: FastAPI, settings: Settings, registry: Registry) -> None:
         paths["/v1/commands/{command_id}"] = {"get": _outcome_operation()}
         row_limit, topics = settings.projections.api_row_limit, TopicNames(settings.app)
         for projection in _read_models(settings):
-            paths[f"/v1/projections/{projection.model.name}"] = {"get": _projection_operation(projection, row_limit, topics)}
+            paths[f"/v1/projections/{projection.model.name}"] = {
+                "get": _projection_operation(projection, row_limit, topics, settings.topics.partitions)
+            }
         paths["/v1/{type_name}/{id}"] = {"get": _aggregate_operation(registry)}
-        paths["/v1/{type_name}/{id}/events"] = {"get": _history_operation(registry, topics, settings.api.history_page_max)}
+        paths["/v1/{type_name}/{id}/events"] = {
+            "get": _history_operation(registry, topics, settings.api.history_page_max, settings.topics.partitions)
+        }
         paths |= _operations_paths()
         components = schema.setdefault("components", {})
         components["schemas"] = _int64(components.get("schemas", {}) | _components() | _domain_components(registry))
