@@ -463,7 +463,7 @@ def project_run(
     continuous: Annotated[bool, typer.Option("--continuous", help="Keep running after catching up.")] = False,
     rebuild: Annotated[bool, typer.Option("--rebuild", help="Rebuild from the earliest offsets into a new table; readers switch once it caught up.")] = False,
     leave_out_invalid: Annotated[
-        bool, typer.Option("--leave-out-invalid", help="A read model whose reads or plan are wrong, or that fails as it runs, is told and left out, the others going on; exit 1 at the end.")
+        bool, typer.Option("--leave-out-invalid", help="A read model whose reads or plan are wrong, or that fails in Spark on every aggregate, is told and left out, the others going on; exit 1 at the end.")
     ] = False,
 ) -> None:
     """Catch read models up with their event streams (and stop, unless --continuous)."""

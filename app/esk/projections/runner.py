@@ -297,6 +297,7 @@ def _keep(
     older = older_version(settings, categories)
     newer = newer_version(settings, categories)
     newer_than_code: list[EventsNewerThanCode] = []  # told by the run, not inside Spark's error
+    code_fails: list[ReadModelCodeFails] = []  # likewise: what the query's failure was
     parking = tables.parked(name, generation)
     parked = parking.load()
 
@@ -452,12 +453,15 @@ def _keep(
         with task_failures_untold(spark):
             newly = find_parked(events, batch_id, fails, "/".join(filter(None, kind)), parked)
         if not newly:
+            if stopping():
+                raise BatchInterrupted(INTERRUPTED_BY_STOP) from error
             log.warning(
                 f"{name} g{generation} batch {batch_id}: nothing parked: the failure is the read model's code, not one "
                 f"aggregate's event (it fails with no event, or on many aggregates' events, or on events of one type over "
                 f"and over): fix its code"
             )
-            raise error
+            code_fails.append(ReadModelCodeFails(error))
+            raise code_fails[-1] from error
         if stopping():
             raise BatchInterrupted(INTERRUPTED_BY_STOP) from error
         parking.add(batch_id, newly)
@@ -486,8 +490,10 @@ def _keep(
         try:
             while watched.goes_on() and not moved_on():
                 pass
-        except BaseException:  # a caller's Ctrl-C, or the query's failure: no query outlives the run's lock (_stop)
+        except BaseException as failure:  # a caller's Ctrl-C, or the query's failure: no query outlives the run's lock (_stop)
             _stop(watched.query, name)
+            if code_fails and isinstance(failure, CapturedException):
+                raise code_fails[-1] from failure
             if not newer_than_code:
                 raise
         if not newer_than_code:
@@ -539,7 +545,9 @@ def _keep(
                     retired = time.monotonic()
         except KeyboardInterrupt:  # a caller's Ctrl-C (the CLI's signals only ask)
             pass
-        except CapturedException:
+        except CapturedException as failure:
+            if code_fails:
+                raise code_fails[-1] from failure
             if not newer_than_code:
                 raise
             return stand_still(newer_than_code[-1])
@@ -549,6 +557,15 @@ def _keep(
             if not summary.held_up:
                 summary.lag = _lag(watched.query.lastProgress)
     return summary
+
+
+class ReadModelCodeFails(Exception):
+    """A batch failed with `error` on the read model's code, not on one aggregate's event
+    (parking found none to blame): the same code fails the same way at every start."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 class RunFailed(Exception):
@@ -569,7 +586,7 @@ class RunFailed(Exception):
         elif _kafka_away(error):
             message = f"{name} failed: no Kafka broker answered ({_kafka_cause(str(error))})"
         else:
-            message = f"{name} failed: {_in_a_line(error)}"
+            message = f"{name} failed: {_in_a_line(error.error if isinstance(error, ReadModelCodeFails) else error)}"
         super().__init__(message)
         self.name = name
         self.error = error
@@ -643,8 +660,8 @@ def run_several(
     must not share. A run that fails stops the others between batches, and is raised as
     RunFailed once they have stopped: the supervisor restarts them together. With
     `leave_out_invalid`, a read model that cannot run as its code stands (ReadModelInvalid,
-    told at its start) or fails as it runs (a batch whose failure parks nothing) is told and
-    left out while the others go on, and raised as RunFailed once they end: a typo in a new
+    told at its start) or fails in Spark as it runs with nothing to park (ReadModelCodeFails)
+    is told and left out while the others go on, and raised as RunFailed once they end: a typo in a new
     read model under `esk dev` would otherwise stop every table until it is fixed, a
     restart changing nothing. Their
     catch-ups take turns, while those caught up keep up: a catch-up's batches are big (its
@@ -669,10 +686,10 @@ def run_several(
             try:
                 summaries[name] = run(settings, projection, continuous, rebuild, spark.newSession(), stop, catch_up_turn, taken)
             except BaseException as error:  # the thread's end: whatever it was, the run failed
-                if leave_out_invalid and isinstance(error, Exception) and not stop.asked.is_set():
+                if leave_out_invalid and isinstance(error, (ReadModelInvalid, ReadModelCodeFails)):
                     if taken is not None and isinstance(error, ReadModelInvalid):  # refused before `run` took it over
                         taken.lock.release()
-                    told = error if isinstance(error, ReadModelInvalid) else f"failed: {_in_a_line(error)}"
+                    told = error if isinstance(error, ReadModelInvalid) else f"failed: {_in_a_line(error.error)}"
                     log.error(f"{name}: {told}; left out of this run, the other read models going on")
                     left_out.append(RunFailed(name, error))
                     return
