@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 import orjson
 import pytest
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, field_serializer
 
 pytest.importorskip("pyspark")
 
@@ -87,7 +87,9 @@ def test_each_annotation_has_its_spark_type(annotation: Any, spark: Any) -> None
 class Priced(BaseModel):
     price: decimal.Decimal = Field(max_digits=12, decimal_places=2)
     rate: Annotated[decimal.Decimal, Field(max_digits=10, decimal_places=6)]
-    huge: decimal.Decimal = Field(max_digits=30)  # 25 digits before the point: past decimal(38, 18)
+    huge: decimal.Decimal = Field(max_digits=30, decimal_places=8)  # 22 digits before the point: past decimal(38, 18)
+    either: decimal.Decimal = Field(max_digits=12)  # its 12 digits on either side of the point
+    long: decimal.Decimal = Field(max_digits=20)  # 40 places would hold them: more than Spark's 38
     places: decimal.Decimal = Field(decimal_places=4)
     wide: decimal.Decimal = Field(max_digits=50)  # no Spark decimal holds it
     fees: list[Annotated[decimal.Decimal, Field(max_digits=5, decimal_places=2)]] = []
@@ -99,7 +101,9 @@ def test_a_decimal_is_read_with_the_precision_its_field_declares() -> None:
     assert [(f.name, f.dataType) for f in spark_schema(Priced).fields] == [
         ("price", DecimalType(12, 2)),
         ("rate", DecimalType(10, 6)),
-        ("huge", DecimalType(38, 8)),
+        ("huge", DecimalType(30, 8)),
+        ("either", DecimalType(24, 12)),
+        ("long", StringType()),
         ("places", DecimalType(38, 4)),
         ("wide", StringType()),
         ("fees", ArrayType(DecimalType(5, 2))),
@@ -110,8 +114,9 @@ def test_a_decimal_is_read_with_the_precision_its_field_declares() -> None:
 
 @pytest.mark.spark
 def test_spark_reads_back_every_decimal_its_field_lets_through(spark: Any) -> None:
-    big = "9" * 25 + ".12345678"
+    big = "9" * 22 + ".12345678"
     event = Priced(price=decimal.Decimal("9999999999.99"), rate=decimal.Decimal("0.000125"), huge=decimal.Decimal(big),
+                   either=decimal.Decimal("0.123456789012"), long=decimal.Decimal("1.5"),
                    places=decimal.Decimal("123456789012345678901234567890.1234"), wide=decimal.Decimal("1" * 45),
                    fees=[decimal.Decimal("999.99")], refund=decimal.Decimal("0.50"))
     data = orjson.dumps(event.model_dump(mode="json")).decode()
@@ -119,7 +124,41 @@ def test_spark_reads_back_every_decimal_its_field_lets_through(spark: Any) -> No
     read = row["p"].asDict(recursive=True)
     assert (read["price"], read["rate"], read["huge"]) == (decimal.Decimal("9999999999.99"), decimal.Decimal("0.000125"), decimal.Decimal(big))
     assert read["places"] == decimal.Decimal("123456789012345678901234567890.1234")
+    assert (read["either"], read["long"]) == (decimal.Decimal("0.123456789012"), "1.5")
     assert (read["wide"], read["fees"], read["refund"]) == ("1" * 45, [decimal.Decimal("999.99")], decimal.Decimal("0.50"))
+
+
+class Serialized(BaseModel):
+    """Fields pydantic writes otherwise than their types would be: a big id as a string, a
+    field serializer's, a time in milliseconds."""
+
+    model_config = ConfigDict(ser_json_temporal="milliseconds")
+    id: Annotated[int, PlainSerializer(str, return_type=str)]
+    ids: list[Annotated[int, PlainSerializer(str, return_type=str)]] = []
+    cents: int = 0
+    at: datetime.datetime = datetime.datetime(2025, 1, 1)
+    count: int = 0
+
+    @field_serializer("cents")
+    def _as_text(self, value: int) -> str:
+        return f"{value} cents"
+
+
+def test_fields_written_otherwise_than_their_types_are_read_as_their_json_text() -> None:
+    assert [(f.name, f.dataType) for f in spark_schema(Serialized).fields] == [
+        ("id", StringType()), ("ids", ArrayType(StringType())), ("cents", StringType()), ("at", StringType()), ("count", LongType()),
+    ]
+
+
+@pytest.mark.spark
+def test_spark_reads_back_fields_written_otherwise_without_failing_the_batch(spark: Any) -> None:
+    data = Serialized(id=2**62, ids=[7], cents=5, count=3).model_dump_json()  # as the processor writes it
+    [row] = spark.createDataFrame([(data,)], "data string").select(
+        F.from_json("data", spark_schema(Serialized), {"mode": "FAILFAST"}).alias("p")  # as `payload` reads it
+    ).collect()
+    read = row["p"].asDict()
+    assert float(read.pop("at")) == 1735689600000.0  # a number's text as Spark writes it (1.7356896E12)
+    assert read == {"id": str(2**62), "ids": ["7"], "cents": "5 cents", "count": 3}
 
 
 def test_a_field_of_no_spark_type_is_read_as_its_json_text_and_the_others_as_theirs() -> None:

@@ -24,7 +24,7 @@ from typing import Any
 
 import msgspec
 import orjson
-from pydantic import BaseModel
+from pydantic import BaseModel, PlainSerializer, WrapSerializer
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
@@ -69,6 +69,8 @@ def spark_type(annotation: Any, constraints: typing.Sequence[Any] = ()) -> DataT
     arguments = typing.get_args(annotation)
     if origin is typing.Annotated:  # constrained types (conint, Field(...) in Annotated)
         return spark_type(arguments[0], [*constraints, *_flat(arguments[1:])])
+    if any(isinstance(c, (PlainSerializer, WrapSerializer)) for c in constraints):
+        return StringType()  # written as its serializer makes it, not as its type would be: its JSON text
     if isinstance(annotation, type) and issubclass(annotation, decimal.Decimal):
         return _decimal_type(constraints)
     if origin in (typing.Union, types.UnionType):
@@ -105,15 +107,16 @@ DECIMAL_DEFAULT = DecimalType(DECIMAL_DIGITS_MAX, 18)
 
 def _decimal_type(constraints: typing.Sequence[Any]) -> DataType:
     """The Spark decimal that holds every value pydantic lets through the field's
-    `max_digits` and `decimal_places` (more places than a declared `max_digits` leaves are
-    rounded); the text when no Spark decimal holds them all, to be cast by the read model
-    itself: a null there would be silent."""
+    `max_digits` and `decimal_places`; the text when no Spark decimal holds them all, to be
+    cast by the read model itself."""
     digits = next((d for c in constraints if (d := getattr(c, "max_digits", None)) is not None), None)
     places = next((p for c in constraints if (p := getattr(c, "decimal_places", None)) is not None), None)
     if (digits or 0) > DECIMAL_DIGITS_MAX or (places or 0) > DECIMAL_DIGITS_MAX:
         return StringType()
-    if digits is not None:
-        return DecimalType(digits, min(places, digits)) if places is not None else DecimalType(DECIMAL_DIGITS_MAX, min(18, DECIMAL_DIGITS_MAX - digits))
+    if digits is not None and places is not None:
+        return DecimalType(digits, min(places, digits))
+    if digits is not None:  # its digits on either side of the point: twice as many places, or the text
+        return DecimalType(2 * digits, digits) if 2 * digits <= DECIMAL_DIGITS_MAX else StringType()
     if places is not None:
         return DecimalType(DECIMAL_DIGITS_MAX, places)
     return DECIMAL_DEFAULT
@@ -136,13 +139,26 @@ def spark_schema(model: type[BaseModel]) -> StructType:
     """The Spark struct of a pydantic model's fields; a field of no Spark type (an
     `IPv4Address`, a `tuple[int, str]`) as its JSON text, for a read model that needs it to
     parse with F.from_json and a type of its own: its other fields are read all the same."""
+    decorators = model.__pydantic_decorators__
+    # Fields written otherwise than their types say: read as their JSON text, as a FAILFAST
+    # parse (`payload`) would fail every such event.
+    serialized = {f for d in decorators.field_serializers.values() for f in d.info.fields}
+    every_one = bool(decorators.model_serializers)
+    temporal_otherwise = model.model_config.get("ser_json_temporal", "iso8601") != "iso8601"
     fields = []
     for name, field in model.model_fields.items():
         try:
-            fields.append(StructField(name, spark_type(field.annotation, field.metadata)))
+            spark = spark_type(field.annotation, field.metadata)
         except ReadModelMistake:
-            fields.append(StructField(name, StringType()))
+            spark = StringType()
+        if every_one or name in serialized or (temporal_otherwise and _holds_temporal(spark)):
+            spark = StringType()
+        fields.append(StructField(name, spark))
     return StructType(fields)
+
+
+def _holds_temporal(spark: DataType) -> bool:
+    return any(kind in spark.simpleString() for kind in ("timestamp", "date"))
 
 
 def _envelope_type(name: str, annotation: Any) -> DataType:
