@@ -16,9 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiokafka import AIOKafkaProducer
 from pydantic import BaseModel
 
 from esk import AggregateType, Command, Event
+from esk.kafka.client_options import client_options
 from esk.kafka.reader import read_committed
 from esk.kafka.topics import TopicNames, ensure_topics, topic_specs
 from esk.registry import Registry
@@ -83,6 +85,16 @@ async def test_a_processors_code_is_held_to_the_schemas_recorded_whatever_its_lo
     assert await records(settings) == 2
     recorded = await recorded_schemas(settings)
     assert set(recorded["tills/Opened/2"]["properties"]) == {"first", "last"}
+
+    # An operator's tombstone forgets a record that stands for no stored event
+    producer = AIOKafkaProducer(**client_options(settings), acks="all")
+    await producer.start()
+    try:
+        await producer.send_and_wait(TopicNames(settings.app).schemas, None, key=b"tills/Opened/2")
+    finally:
+        await producer.stop()
+    await hold_to_recorded_schemas(settings, HOTFIX, refuse=True)
+    assert set((await recorded_schemas(settings))["tills/Opened/2"]["properties"]) == {"owner", "currency"}
 
 
 SHOP = """

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
@@ -56,9 +55,13 @@ def written_schemas(registry: Registry) -> dict[str, JsonSchema]:
 
 async def recorded_schemas(settings: Settings) -> dict[str, JsonSchema]:
     """What `<app>.schemas` holds: the schema of each event version written so far."""
-    recorded: dict[str, Any] = {}
+    recorded: dict[str, JsonSchema] = {}
     for record in await read_committed(settings, TopicNames(settings.app).schemas):
-        if record.key is not None and record.value is not None:
+        if record.key is None:
+            continue
+        if record.value is None:  # an operator's tombstone: the record is forgotten
+            recorded.pop(record.key.decode(), None)
+        else:
             recorded[record.key.decode()] = json.loads(record.value)
     return recorded
 
