@@ -218,7 +218,7 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
         row_limit = min(limit or settings.projections.api_row_limit, settings.projections.api_row_limit)
         read = await _guarded(name, lambda: read_models.model(name))
         after.check_topics(name, {names.events(category) for category in read.categories})
-        await after.check_partitions(intake.positions.partitions)
+        after.check_partitions(settings.topics.partitions)
 
         not_built: list[Problem] = []  # as last seen
 
@@ -260,7 +260,7 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
         _given_once(request)
         after = ReadAfter.of(request.query_params.getlist("after"), wait_ms, settings.api.read_wait_max_s)
         after.check_topics("the history index", history.topics)
-        await after.check_partitions(intake.positions.partitions)
+        after.check_partitions(settings.topics.partitions)
         after = await after.until(history.ready)  # a read that may wait waits for the index's catch-up too
         if not history.ready.is_set():
             raise Problem(

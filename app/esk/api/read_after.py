@@ -51,12 +51,14 @@ class ReadAfter:
         if foreign:
             raise Problem(400, "invalid_position", f"{what} does not read {', '.join(foreign)}; it reads {', '.join(sorted(topics))}")
 
-    async def check_partitions(self, partitions: Callable[[str], Awaitable[int]]) -> None:
-        """400 `invalid_position` for a position on a partition its topic does not have: it
-        would never be reached (a token mistyped, or of another cluster)."""
+    def check_partitions(self, partitions: int) -> None:
+        """400 `invalid_position` for a position on a partition past the events topics'
+        (ESK_TOPICS__PARTITIONS, which `esk topics init` holds them to): it would never be
+        reached (a token mistyped, or of another cluster). From the settings, not Kafka: a
+        read of a read model needs no broker."""
         for p in self.wanted:
-            if p.partition >= (count := await partitions(p.topic)):
-                raise Problem(400, "invalid_position", f"{p.token()}: {p.topic} has partitions 0 to {count - 1}")
+            if p.partition >= partitions:
+                raise Problem(400, "invalid_position", f"{p.token()}: {p.topic} has partitions 0 to {partitions - 1}")
 
     async def reflected(
         self,

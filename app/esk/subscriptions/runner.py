@@ -193,7 +193,8 @@ class SubscriptionRunner:
     def ready(self) -> bool:
         """Running, its stores open, and none of its partitions failing (a database handler's
         database gone since, say): what /readyz tells. Its lag is in /metrics."""
-        return self._open and not any(p.failing for p in self.partitions.values())
+        # Asked from the operations thread: a copy, as a rebalance may change them meanwhile.
+        return self._open and not any(p.failing for p in list(self.partitions.values()))
 
     @property
     def caught_up(self) -> bool:
