@@ -39,6 +39,14 @@ def test_an_event_the_upcasters_cannot_bring_up_is_answered_as_stored(caplog: py
     assert caplog.records[-1].levelno == logging.WARNING
 
 
+def test_an_event_type_of_newer_code_is_answered_as_written_and_not_warned_of(caplog: pytest.LogCaptureFixture) -> None:
+    """An API released after the processor, for a while: each answer would warn."""
+    newer = Outcome("close-1", "accounts", "a3", "close", Status.ACCEPTED, 2, events=[{**STORED.events[0], "type": "Frozen", "data": {"x": 1}}])
+    answer = orjson.loads(outcome_response(newer, accounts).body)
+    assert [(e["type"], e["schema_version"], e["data"]) for e in answer["events"]] == [("Frozen", 1, {"x": 1})]
+    assert "shown as stored" not in caplog.text
+
+
 @pytest.mark.parametrize(
     ("status", "code", "http"),
     [(Status.ACCEPTED, None, 200), (Status.PRECONDITION_FAILED, "version_mismatch", 412), (Status.REJECTED, "not_found", 404),

@@ -24,7 +24,7 @@ from typing import Any
 
 from aiokafka import TopicPartition
 
-from ..domain.aggregate import AggregateType
+from ..domain.aggregate import AggregateType, UnknownEventType
 from ..kafka.metadata import topic_partitions
 from ..kafka.topics import TopicNames
 from ..metrics import HISTORY_POSITION
@@ -100,6 +100,8 @@ def as_current(
         current = aggregate.event_type(type_name).schema_version
         if schema_version < current:
             return aggregate.current_payload(type_name, schema_version, data), current
+    except UnknownEventType:  # newer code's (a processor released first): as it wrote it, nothing amiss
+        pass
     except Exception as error:  # the domain's code: the event is still shown, as stored
         log.warning("%s: %s v%d shown as stored (%r)", where, type_name, schema_version, error)
     return data, schema_version
