@@ -153,6 +153,11 @@ class Status(StrEnum):
 # The code of a command refused because its aggregate's stored state cannot be used by the
 # current state model (its events do not fold into it): a fault of the service, not the caller.
 STATE_UNUSABLE = "state_unusable"
+# The codes of a command refused because the processor's code has no such aggregate type,
+# or no such command of it (one queued before a release took it away): the API's own
+# refusals of such a command carry them too.
+UNKNOWN_AGGREGATE_TYPE = "unknown_aggregate_type"
+UNKNOWN_COMMAND = "unknown_command"
 
 
 _CANONICAL = msgspec.json.Encoder(order="deterministic")

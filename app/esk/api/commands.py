@@ -34,7 +34,7 @@ from ..domain.aggregate import ALREADY_EXISTS, NOT_FOUND, AggregateType
 from ..kafka.partitioner import partition_for
 from ..metrics import HTTP_OUTCOME_TIMEOUTS
 from ..projections.positions import Position
-from ..protocol import STATE_UNUSABLE, CommandEnvelope, Outcome, Status, payload_digest
+from ..protocol import STATE_UNUSABLE, UNKNOWN_AGGREGATE_TYPE, UNKNOWN_COMMAND, CommandEnvelope, Outcome, Status, payload_digest
 from ..settings import Settings
 from .gateway import CommandGateway, KafkaAway
 from .history import events_as_current
@@ -170,7 +170,7 @@ def outcome_status(outcome: Outcome) -> int:
 # type or name its code does not have (a command queued before a release removed it) are
 # the API's own 404s for them.
 _REFUSED_STATUS = {
-    NOT_FOUND: 404, "unknown_command": 404, "unknown_aggregate_type": 404, ALREADY_EXISTS: 409, STATE_UNUSABLE: 500,
+    NOT_FOUND: 404, UNKNOWN_COMMAND: 404, UNKNOWN_AGGREGATE_TYPE: 404, ALREADY_EXISTS: 409, STATE_UNUSABLE: 500,
 }
 
 

@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ..domain.aggregate import AggregateType, Rejection, one_line
-from ..protocol import STATE_UNUSABLE, CommandEnvelope, EventRecord, Outcome, Status, StoredAggregate
+from ..protocol import STATE_UNUSABLE, UNKNOWN_COMMAND, CommandEnvelope, EventRecord, Outcome, Status, StoredAggregate
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ def handle_command(
     try:
         command = aggregate_type.parse_command(envelope.command, envelope.payload)
     except KeyError:
-        return refuse(Status.REJECTED, "unknown_command", f"{aggregate_type.name} has no command {envelope.command!r}")
+        return refuse(Status.REJECTED, UNKNOWN_COMMAND, f"{aggregate_type.name} has no command {envelope.command!r}")
     except ValidationError as error:
         # The API refused such a body at once; this one was queued before the command's
         # model changed (a release in between): pydantic's own text runs to lines and links.

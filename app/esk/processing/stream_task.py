@@ -33,6 +33,7 @@ from ..protocol import (
     AGGREGATE_END,
     AGGREGATE_PREFIX,
     EXPIRY_PREFIX,
+    UNKNOWN_AGGREGATE_TYPE,
     CommandEnvelope,
     DecodeError,
     Outcome,
@@ -193,7 +194,7 @@ class StreamTask:
         aggregate_type = self.registry.get(envelope.aggregate_type)
         if aggregate_type is None:
             detail = f"no aggregate type {envelope.aggregate_type!r}"
-            outcome = refusal(envelope, Status.REJECTED, "unknown_aggregate_type", detail, 0, now_ms())
+            outcome = refusal(envelope, Status.REJECTED, UNKNOWN_AGGREGATE_TYPE, detail, 0, now_ms())
             self._record_outcome(outcome, command_store_key, record_key, trace)
             return outcome
         raw = self.overlay.get(aggregate_store_key)

@@ -28,7 +28,7 @@ from pydantic import ValidationError
 
 from ..domain.aggregate import AggregateType
 from ..registry import Registry
-from .diff import Change, Schema, differences, same_shape
+from .diff import Change, Schema, changes, differences, same_shape
 from .examples import Unsupported, from_schema
 from .lock import JsonSchema, Lock, LockedAggregate, LockedEvent, build_lock
 
@@ -188,7 +188,7 @@ def _event_changes(aggregate: AggregateType[Any], name: str, locked: LockedEvent
         return
     if now.schema_version == version and not same_shape(locked.schema, now.schema):
         advice = f"but schema_version is still {version}: bump it to {version + 1} and add an upcaster from v{version}"
-        for change in differences(locked.schema, now.schema) or [Change("", "changed", locked.schema, now.schema)]:
+        for change in changes(locked.schema, now.schema):
             yield Finding(
                 Severity.BREAKING, aggregate.name, "event", name, change.path, f"{subject}: {change.describe()}, {advice}", contradicts_stored=True
             )
@@ -258,10 +258,10 @@ def _json(payload: Any) -> str:
 
 
 def _state(aggregate: str, locked: LockedAggregate, now: LockedAggregate) -> Iterator[Finding]:
-    changes = differences(locked.state, now.state)
-    if changes or not same_shape(locked.state, now.state):
-        fields = ", ".join(sorted({f"`{c.path}`" for c in changes if c.path}))
+    changed = differences(locked.state, now.state)
+    if changed or not same_shape(locked.state, now.state):
+        fields = ", ".join(sorted({f"`{c.path}`" for c in changed if c.path}))
         yield Finding(
-            Severity.INFO, aggregate, "state", aggregate, ", ".join(sorted({c.path for c in changes})),
+            Severity.INFO, aggregate, "state", aggregate, ", ".join(sorted({c.path for c in changed})),
             f"{aggregate} state changed: stored aggregates will be rebuilt from their events" + (f" ({fields})" if fields else ""),
         )

@@ -68,6 +68,12 @@ def differences(before: Schema, after: Schema) -> list[Change]:
     return list(_walk(before, after, "", before, after, set()))
 
 
+def changes(before: Schema, after: Schema) -> list[Change]:
+    """How `after` differs from `before` (of another shape), field by field: the whole of it
+    when no field names the difference."""
+    return differences(before, after) or [Change("", "changed", before, after)]
+
+
 def same_shape(before: Schema, after: Schema) -> bool:
     return bool(canonical(before, before) == canonical(after, after))
 

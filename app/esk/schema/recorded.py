@@ -21,7 +21,7 @@ from ..kafka.reader import read_committed
 from ..kafka.topics import TopicNames
 from ..registry import Registry
 from ..settings import Settings
-from .diff import Change, differences, same_shape
+from .diff import changes, same_shape
 from .lock import JsonSchema, build_lock
 
 log = logging.getLogger(__name__)
@@ -75,7 +75,7 @@ def contradictions(written: dict[str, JsonSchema], recorded: dict[str, JsonSchem
         if held is None or same_shape(held, schema):
             continue
         aggregate_type, event, version = key.rsplit("/", 2)
-        for change in differences(held, schema) or [Change("", "changed", held, schema)]:
+        for change in changes(held, schema):
             told.append(
                 f"{aggregate_type} event {event} v{version}: {change.describe()}, against the v{version} events stored "
                 f"(their schema is recorded on {topic} by the processor that wrote them)"
