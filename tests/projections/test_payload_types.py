@@ -128,6 +128,10 @@ def test_spark_reads_back_every_decimal_its_field_lets_through(spark: Any) -> No
     assert (read["wide"], read["fees"], read["refund"]) == ("1" * 45, [decimal.Decimal("999.99")], decimal.Decimal("0.50"))
 
 
+class Edit(BaseModel):
+    updated_by: str
+
+
 class Serialized(BaseModel):
     """Fields pydantic writes otherwise than their types would be: a big id as a string, a
     field serializer's, a time in milliseconds."""
@@ -138,6 +142,7 @@ class Serialized(BaseModel):
     cents: int = 0
     at: datetime.datetime = datetime.datetime(2025, 1, 1)
     count: int = 0
+    edit: Edit | None = None  # holds no date, though a field's name says one: read as its struct
 
     @field_serializer("cents")
     def _as_text(self, value: int) -> str:
@@ -147,6 +152,7 @@ class Serialized(BaseModel):
 def test_fields_written_otherwise_than_their_types_are_read_as_their_json_text() -> None:
     assert [(f.name, f.dataType) for f in spark_schema(Serialized).fields] == [
         ("id", StringType()), ("ids", ArrayType(StringType())), ("cents", StringType()), ("at", StringType()), ("count", LongType()),
+        ("edit", spark_schema(Edit)),
     ]
 
 
@@ -158,7 +164,7 @@ def test_spark_reads_back_fields_written_otherwise_without_failing_the_batch(spa
     ).collect()
     read = row["p"].asDict()
     assert float(read.pop("at")) == 1735689600000.0  # a number's text as Spark writes it (1.7356896E12)
-    assert read == {"id": str(2**62), "ids": ["7"], "cents": "5 cents", "count": 3}
+    assert read == {"id": str(2**62), "ids": ["7"], "cents": "5 cents", "count": 3, "edit": None}
 
 
 def test_a_field_of_no_spark_type_is_read_as_its_json_text_and_the_others_as_theirs() -> None:

@@ -158,7 +158,14 @@ def spark_schema(model: type[BaseModel]) -> StructType:
 
 
 def _holds_temporal(spark: DataType) -> bool:
-    return any(kind in spark.simpleString() for kind in ("timestamp", "date"))
+    """Whether `spark` is, or holds, a date or a timestamp (not a field that names one)."""
+    if isinstance(spark, (TimestampType, DateType)):
+        return True
+    if isinstance(spark, ArrayType):
+        return _holds_temporal(spark.elementType)
+    if isinstance(spark, MapType):
+        return _holds_temporal(spark.valueType)
+    return isinstance(spark, StructType) and any(_holds_temporal(f.dataType) for f in spark.fields)
 
 
 def _envelope_type(name: str, annotation: Any) -> DataType:
