@@ -86,7 +86,7 @@ def test_parked_aggregates_are_kept_per_batch_and_written_again_as_the_same(tmp_
 pyspark = pytest.importorskip("pyspark")
 
 from aiokafka import AIOKafkaProducer  # noqa: E402
-from pyspark.sql import DataFrame, SparkSession  # noqa: E402
+from pyspark.sql import Column, DataFrame, SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
@@ -108,8 +108,14 @@ UNLUCKY = 13
 def _lucky_totals(events: DataFrame, writer: esk.BatchWriter) -> int:
     """Each counter's total, for a read model that cannot take an addition of 13 (Spark
     raises on that row, as it does on a cast ANSI SQL refuses, or a division by zero)."""
+    return _totals(events, writer, lambda n: F.when(n == UNLUCKY, F.raise_error(F.lit("13 is not a number this read model takes"))))
+
+
+def _totals(events: DataFrame, writer: esk.BatchWriter, refused: Callable[[Column], Column]) -> int:
+    """Each counter's total, of the numbers added that `refused` gives no value of its own
+    (it may raise on them)."""
     n = esk.payload(counters, Added)["n"]
-    checked = F.when(n == UNLUCKY, F.raise_error(F.lit("13 is not a number this read model takes"))).otherwise(n)
+    checked = F.coalesce(refused(n), n)
     rows = (
         events.filter(esk.of(counters))
         .groupBy(F.col("aggregate_id").alias("counter_id"))
@@ -320,6 +326,35 @@ async def test_a_batch_whose_earlier_step_was_written_parks_nothing(settings: Se
         with pytest.raises(Exception, match="13 is not a number this read model takes"):
             await asyncio.to_thread(run, settings, esk.Projection(LUCKY.model, LUCKY.columns, in_two_steps), spark=spark)
     assert Tables(settings.projections.warehouse_dir).parked("lucky_totals", 1).load() == []
+
+
+@pytest.mark.kafka
+@pytest.mark.spark
+async def test_events_failing_the_read_model_in_two_ways_in_one_batch_each_park_their_aggregate(
+    settings: Settings, spark: SparkSession, tmp_path: Path
+) -> None:
+    """One batch, two events the read model fails on in two ways (a `raise_error` and a
+    division by zero: Spark tells one of them as the batch's failure): both aggregates are
+    parked, each with its own reason, and the others go on."""
+
+    def picky_totals(events: DataFrame, writer: esk.BatchWriter) -> int:
+        return _totals(events, writer, lambda n: F.when(n == UNLUCKY, F.raise_error(F.lit("13 is not a number this read model takes")))
+                       .when(n == 7, (n / (n - 7)).cast("long")))
+
+    settings = _counters_settings(settings, tmp_path)
+    async with system(settings) as s:
+        for counter, command, body in (("c1", "start", {}), ("c2", "start", {}), ("c3", "start", {}), ("c1", "add", {"n": 2}),
+                                       ("c2", "add", {"n": UNLUCKY}), ("c3", "add", {"n": 7}), ("c1", "add", {"n": 3})):
+            assert (await s.client.post(f"/v1/counters/{counter}/{command}", json=body)).status_code == 200
+        summary = await asyncio.to_thread(run, settings, esk.Projection(LUCKY.model, LUCKY.columns, picky_totals), spark=spark)
+    assert summary.caught_up
+    rows = ReadModelRows(settings)
+    assert {r["counter_id"]: (r["total"], r["version"]) for r in rows.read("lucky_totals", {}, limit=10)} == {
+        "c1": (5, 3), "c2": (0, 1), "c3": (0, 1)
+    }
+    reasons = {p.aggregate_id: p.reason for p in rows.parked("lucky_totals")}
+    assert sorted(reasons) == ["c2", "c3"], reasons
+    assert "13 is not a number this read model takes" in reasons["c2"] and "DIVIDE_BY_ZERO" in reasons["c3"], reasons
 
 
 @pytest.mark.kafka

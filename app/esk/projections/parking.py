@@ -103,6 +103,15 @@ class Span:
 
 
 @dataclass(frozen=True)
+class Failure:
+    """Why a part of a batch fails (Spark's error, in a line), and the failure's kind (its
+    class and condition): a batch may fail in more than one way, an event of each."""
+
+    reason: str
+    kind: str
+
+
+@dataclass(frozen=True)
 class Prefix:
     """A batch's events up to and including `offset` of `spans[index]`: every event of
     the spans before it, and of that one up to `offset`."""
@@ -169,10 +178,10 @@ def _within(prefix: Prefix) -> Column:
 
 
 def find_parked(
-    events: DataFrame, batch_id: int, fails: Callable[[DataFrame], str | None], failure: str, parked: Sequence[ParkedAggregate]
+    events: DataFrame, batch_id: int, fails: Callable[[DataFrame], Failure | None], parked: Sequence[ParkedAggregate]
 ) -> list[ParkedAggregate]:
     """The aggregates to hold back so that the read model's batch (`events`, decoded) no
-    longer `fails` with `failure` (`fails` tells why, or None), found one at a time
+    longer `fails` (which tells why, and the failure's kind, or None), found one at a time
     (first_failing). None when the read model itself fails, not an event: the batch as a
     whole does not fail (what failed is its write), or fails over no events too, or would
     hold back every aggregate it has (two or more), or more than a batch
@@ -190,13 +199,13 @@ def find_parked(
     found: list[ParkedAggregate] = []
     while True:
         remaining = events.filter(~held_back(found)) if found else events
-        reasons: dict[Prefix, str] = {}
+        reasons: dict[Prefix, Failure] = {}
 
-        def prefix_fails(prefix: Prefix, remaining: DataFrame = remaining, reasons: dict[Prefix, str] = reasons) -> bool:
-            reason = fails(remaining.filter(_within(prefix)))
-            if reason is not None:
-                reasons[prefix] = reason
-            return reason is not None
+        def prefix_fails(prefix: Prefix, remaining: DataFrame = remaining, reasons: dict[Prefix, Failure] = reasons) -> bool:
+            failed = fails(remaining.filter(_within(prefix)))
+            if failed is not None:
+                reasons[prefix] = failed
+            return failed is not None
 
         failing = first_failing(spans, prefix_fails)
         if failing is None:
@@ -215,8 +224,9 @@ def find_parked(
         )
         if event is None or span.aggregate_type is None or event["aggregate_id"] is None:
             return []  # no event there (what fails is not an event's), or one that does not decode
+        failure = reasons[failing].kind
         same = [p for p in (*parked, *found) if (p.aggregate_type, p.event_type, p.failure) == (span.aggregate_type, event["type"], failure)]
         if len(same) >= SAME_FAILURE_MAX:
             return []
         found.append(ParkedAggregate(span.aggregate_type, event["aggregate_id"], span.partition, failing.offset, event["type"],
-                                     reasons[failing], batch_id, failure=failure))
+                                     reasons[failing].reason, batch_id, failure=failure))

@@ -43,7 +43,7 @@ from ..registry import load_registry
 from ..settings import Settings
 from .catalog import BatchWriter, PlanCheck, PlanEnds, Probe, Projection, ReadModel, ReadModelMistake, Tables, session_conf
 from .events import decode, event_stream, newer_version, no_events, older_version, reading, upcast
-from .parking import ParkedAggregate, find_parked, held_back
+from .parking import Failure, ParkedAggregate, find_parked, held_back
 from .run_lock import GRACE_S, GenerationBusy, GenerationLock
 from .session import spark_session, task_failures_untold
 
@@ -432,9 +432,11 @@ def _keep(
             raise error
         log.warning(f"{name} g{generation} batch {batch_id} failed ({_in_a_line(error)}): looking for the event that fails it")
 
-        def fails(part: DataFrame) -> str | None:
-            """Why `part` fails as the batch did; None when it does not fail. Another failure
-            (a lost executor, memory) tells nothing of the events: the batch fails then."""
+        def fails(part: DataFrame) -> Failure | None:
+            """Why `part` fails, as the batch did or as another event's failure (a batch may
+            hold events failing in two ways, either told first); None when it does not fail.
+            A failure that is no event's (a lost executor, memory) tells nothing of the
+            events: the batch fails then."""
             probe = Probe(spark, app_id, batch_id, str(path), writer.on_driver, schema, writer.events)
             try:
                 apply(part, probe)
@@ -443,15 +445,16 @@ def _keep(
             except Exception as failure:
                 if stopping():
                     raise BatchInterrupted(INTERRUPTED_BY_STOP) from failure
-                if _failure_kind(failure) != kind:
+                its_kind = _failure_kind(failure)
+                if its_kind is None or (its_kind != kind and not _an_events_failure(failure)):
                     raise error from failure
-                return _in_a_line(failure)
+                return Failure(_in_a_line(failure), "/".join(filter(None, its_kind)))
             finally:
                 probe.release()
             return None
 
         with task_failures_untold(spark):
-            newly = find_parked(events, batch_id, fails, "/".join(filter(None, kind)), parked)
+            newly = find_parked(events, batch_id, fails, parked)
         if not newly:
             if stopping():
                 raise BatchInterrupted(INTERRUPTED_BY_STOP) from error
@@ -639,6 +642,17 @@ def _failure_kind(error: BaseException) -> tuple[str, str | None] | None:
         condition = getattr(error, "getCondition", None)
         return type(error).__name__, condition() if callable(condition) else None
     return None
+
+
+def _an_events_failure(error: Exception) -> bool:
+    """Whether `error` is a failure that an event can cause: a SQL error computing a value
+    (Spark names its condition: a division by zero, a cast, `raise_error`), a Python UDF's
+    exception (an upcaster's), a payload its type cannot hold (`payload`'s FAILFAST parse),
+    rather than a lost executor or memory."""
+    if isinstance(error, CapturedException):
+        condition = getattr(error, "getCondition", None)
+        return type(error).__name__ == "PythonException" or (callable(condition) and condition() is not None)
+    return isinstance(error, Py4JJavaError) and MALFORMED_RECORD in str(error)
 
 
 def _first_line(told: str) -> str:
