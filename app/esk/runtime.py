@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from aiokafka.errors import ProducerFenced
+from aiokafka.errors import KafkaError, ProducerFenced
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn
 
@@ -26,7 +26,7 @@ from .health import LoopHeartbeat, bound_socket, serve_operations
 from .metrics import Kind, exported
 from .processes import hold_lock, kill_tree, set_from_signal_handler
 from .processing.processor import Processor
-from .registry import load_registry
+from .registry import Registry, load_registry
 from .schema.recorded import hold_to_recorded_schemas
 from .settings import Settings
 from .state.allocator import return_large_blocks
@@ -36,6 +36,21 @@ if TYPE_CHECKING:
     from .code_watch import CodeWatch
 
 log = logging.getLogger(__name__)
+
+
+def _hold_to_recorded_schemas(settings: Settings, registry: Registry, wait: Callable[[], None]) -> None:
+    """Before any event is written: not an event of a shape the brokers hold another of. A
+    broker gone between `wait` and the read (a restart, an election) is waited for again, as
+    at the start, rather than ending the processor with a traceback."""
+    while True:
+        try:
+            asyncio.run(hold_to_recorded_schemas(settings, registry, refuse=DEV_CHILD_VARIABLE not in os.environ))
+            return
+        except (KafkaError, OSError) as error:
+            if isinstance(error, KafkaError) and not error.retriable:
+                raise
+            log.warning("the recorded schemas could not be read (%r): waiting for Kafka again", error)
+        wait()
 
 
 def run_processor(settings: Settings, wait: Callable[[], None] = lambda: None) -> None:
@@ -53,8 +68,7 @@ def run_processor(settings: Settings, wait: Callable[[], None] = lambda: None) -
             exported(Kind.PROCESSOR), heartbeat.alive,
         )
     wait()
-    # Before any event is written: not an event of a shape the brokers hold another of.
-    asyncio.run(hold_to_recorded_schemas(settings, registry, refuse=DEV_CHILD_VARIABLE not in os.environ))
+    _hold_to_recorded_schemas(settings, registry, wait)
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
