@@ -17,7 +17,7 @@ def test_a_token_reads_back_as_the_same_position(token: str) -> None:
     assert Position.parse(token).token() == token
 
 
-@pytest.mark.parametrize("token", ["", "app.orders.events", "app.orders.events/3", "t/x/1", "t/1/-5", "/1/2"])
+@pytest.mark.parametrize("token", ["", "app.orders.events", "app.orders.events/3", "t/x/1", "t/1/-5", "/1/2", "t/01/2", "t/1/007", "t/²/1"])
 def test_what_is_not_a_position_is_refused(token: str) -> None:
     with pytest.raises(ValueError, match="is not a position"):
         Position.parse(token)

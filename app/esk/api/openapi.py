@@ -528,7 +528,7 @@ def _read_after_parameters(reads: Iterable[str], what: str, partitions: int) -> 
     numbers = "|".join(str(n) for n in range(partitions))
     return [
         _parameter(
-            "after", "query", {"type": "array", "items": {"type": "string", "pattern": rf"^({pattern})/({numbers})/\d{{1,18}}$"}},
+            "after", "query", {"type": "array", "items": {"type": "string", "pattern": rf"^({pattern})/({numbers})/(0|[1-9][0-9]{{0,17}})$"}},
             f"Positions (a command answer's `position.token`) {what} must reflect; the read waits for them",
         ),
         _parameter("wait_ms", "query", _count(), "How long to wait for `after` (default 5000, at most the API's bound)"),

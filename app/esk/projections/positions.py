@@ -12,6 +12,7 @@ after batch n's Delta writes, and `offsets/<n>` holds where batch n ended.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ Positions = dict[TopicPartitionKey, int]  # (topic, partition) -> offset
 
 
 _INT32_MAX, _INT64_MAX = 2**31 - 1, 2**63 - 1
+_NUMBER = re.compile(r"0|[1-9][0-9]*")
 
 
 @dataclass(frozen=True)
@@ -39,7 +41,8 @@ class Position:
     def parse(cls, token: str) -> Position:
         topic, _, rest = token.rpartition("/")
         topic, _, partition = topic.rpartition("/")
-        if not topic or not partition.isdigit() or not rest.isdigit():
+        # As esk writes them, and the OpenAPI document's pattern says: "01" is refused there.
+        if not topic or not _NUMBER.fullmatch(partition) or not _NUMBER.fullmatch(rest):
             raise ValueError(f"{token!r} is not a position (<topic>/<partition>/<offset>)")
         if int(partition) > _INT32_MAX or int(rest) > _INT64_MAX:  # beyond what Kafka numbers them with
             raise ValueError(f"{token!r} is no Kafka position: a partition fits 32 bits and an offset 64")
