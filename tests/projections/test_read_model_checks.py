@@ -21,7 +21,7 @@ from pyspark.sql import functions as F
 import esk
 from domain.accounts import Deposited, accounts
 from esk.broker.ports import free_port
-from esk.projections import runner
+from esk.projections import catalog, runner
 from esk.projections.catalog import ReadModelMistake, Tables
 from esk.projections.runner import STALL_CHECK_S, ReadModelInvalid, RunFailed, _check_plan, _check_reads, _kafka_cause
 from esk.settings import Settings
@@ -95,7 +95,10 @@ def test_a_table_built_before_writes_were_noted_is_given_them(spark: SparkSessio
 
 
 def test_the_example_read_models_and_a_right_one_plan_without_writing(spark: SparkSession, tmp_path: Path) -> None:
-    for projection in [*READ_MODELS, _projection(lambda events, writer: writer.merge(_counter_rows(events), MERGE))]:
+    widened = lambda events, writer: writer.append(  # noqa: E731
+        events.select(F.col("aggregate_id").alias("counter_id"), F.lit(1).cast("int").alias("total"), F.lit(None).alias("version"))
+    )
+    for projection in [*READ_MODELS, _projection(lambda events, writer: writer.merge(_counter_rows(events), MERGE)), _projection(widened)]:
         _check(spark, tmp_path, projection)
     assert not (tmp_path / "never-written").exists()
 
@@ -122,6 +125,13 @@ def test_the_example_read_models_and_a_right_one_plan_without_writing(spark: Spa
             "its apply, planned over no events at the run's start, fails: it appends n, which its table does not have (its columns: counter_id, total, version)",
         ),
         (
+            lambda events, writer: writer.append(
+                events.select(F.col("aggregate_id").alias("counter_id"), F.col("aggregate_id").alias("total"), (F.col("version") / 2).alias("version"))
+            ),
+            "its apply, planned over no events at the run's start, fails: it appends total as string into its bigint column, version as double "
+            "into its bigint column: cast them in its code (`.cast(...)`) to append them as the table holds them",
+        ),
+        (
             lambda events, writer: writer.merge(events.select(esk.payload(counters, Deposited)), MERGE),
             "its apply, planned over no events at the run's start, fails: Deposited is not an event of counters",
         ),
@@ -136,6 +146,7 @@ def test_the_example_read_models_and_a_right_one_plan_without_writing(spark: Spa
         ),
     ],
     ids=["a column it does not have", "a batch column a Merge names", "a column events do not have", "an append of other columns",
+         "an append of other types",
          "an event of another type", "a type it does not read", "a lookup on a column the batch does not have"],
 )
 def test_a_mistake_in_apply_is_told_in_a_line(spark: SparkSession, tmp_path: Path, apply: Callable[[DataFrame, esk.BatchWriter], int], error: str) -> None:
@@ -343,3 +354,18 @@ def test_a_batch_stalled_for_want_of_a_broker_is_told_once_and_its_end_once(
     answers[0] = True
     look(STALL_CHECK_S + 1)  # the next batch: watched afresh
     assert len(asked) == 3 and len(runner_said().splitlines()) == 2
+
+
+@pytest.mark.parametrize(
+    ("rows", "table", "fits"),
+    [
+        ("int", "bigint", True), ("bigint", "int", False), ("float", "double", True), ("bigint", "double", False),
+        ("decimal(10,2)", "decimal(12,2)", True), ("decimal(10,2)", "decimal(10,1)", False), ("decimal(10,2)", "decimal(11,3)", True), ("decimal(10,2)", "decimal(10,3)", False),
+        ("int", "decimal(12,2)", True), ("bigint", "decimal(12,2)", False), ("string", "bigint", False), ("date", "timestamp", False),
+        ("array<int>", "array<int>", True), ("void", "string", True),
+    ],
+)
+def test_an_appended_column_fits_its_table_column_as_it_is_or_widened_without_loss(spark: SparkSession, rows: str, table: str, fits: bool) -> None:
+    from pyspark.sql.types import _parse_datatype_string
+
+    assert catalog._fits(_parse_datatype_string(rows), _parse_datatype_string(table)) is fits

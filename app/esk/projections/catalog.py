@@ -33,7 +33,7 @@ from .run_lock import GenerationBusy, GenerationLock
 if TYPE_CHECKING:
     from pyarrow.dataset import Dataset
     from pyspark.sql import DataFrame, SparkSession
-    from pyspark.sql.types import StructType
+    from pyspark.sql.types import DataType, StructType
 
 T = TypeVar("T")
 # What `pip install 'esk[spark]'` brings (pyproject.toml), by the names modules import it by.
@@ -277,6 +277,13 @@ class PlanCheck(BatchWriter):
 
     def append(self, rows: DataFrame, step: str = "append") -> int:
         self._columns_held("it appends", rows.columns)
+        # An append writes its rows' own types: delta-rs (a small batch's writer) casts them
+        # to the table's as it can, a 1.5 to 1, "3" to 3, and Spark refuses some: what
+        # would not fit as it is is a mistake, told now.
+        held = {f.name: f.dataType for f in self.columns.fields}
+        if unfit := [f"{f.name} as {f.dataType.simpleString()} into its {held[f.name].simpleString()} column"
+                     for f in rows.schema.fields if not _fits(f.dataType, held[f.name])]:  # fmt: skip
+            raise ReadModelMistake(f"it appends {', '.join(unfit)}: cast them in its code (`.cast(...)`) to append them as the table holds them")
         self.writes.append(["append", step])
         return 0
 
@@ -288,6 +295,29 @@ class PlanCheck(BatchWriter):
         held = self.columns.fieldNames()
         if unknown := list(dict.fromkeys(column for column in columns if column not in held)):  # once each (update and insert)
             raise ReadModelMistake(f"{what} {', '.join(unknown)}, which its table does not have (its columns: {', '.join(held)})")
+
+
+_INTEGRAL = ("byte", "short", "int", "bigint")
+
+
+def _fits(rows: DataType, table: DataType) -> bool:
+    """Whether values of `rows` go into a column of `table` as they are: the same type (its
+    nullability aside), none (a null literal), or one that widens without loss."""
+    from pyspark.sql.types import DecimalType, NullType
+
+    given, held = rows.simpleString(), table.simpleString()
+    if given == held or isinstance(rows, NullType):
+        return True
+    if given in _INTEGRAL and held in _INTEGRAL:
+        return _INTEGRAL.index(given) <= _INTEGRAL.index(held)
+    if held == "double":
+        return given in ("float", "byte", "short", "int")
+    if isinstance(table, DecimalType):
+        digits = {"byte": 3, "short": 5, "int": 10, "bigint": 19}
+        if isinstance(rows, DecimalType):
+            return rows.scale <= table.scale and rows.precision - rows.scale <= table.precision - table.scale
+        return given in digits and digits[given] <= table.precision - table.scale
+    return False
 
 
 def _as_noted(spec: Merge) -> list[Any]:
