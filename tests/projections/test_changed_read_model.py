@@ -6,7 +6,12 @@ switches them and keeps the new one up; the old one goes once readers have left 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -20,12 +25,13 @@ from pyspark.sql import functions as F
 
 import esk
 from esk.projections.catalog import Tables
+from esk.projections.positions import Positions, read_model_positions
 from esk.projections.reader import ReadModelRows
 from esk.projections.runner import BuiltByOtherCode, ReadModelChanged, ReadModelInvalid, RunFailed, StopRequest, run
 from esk.settings import Settings
 from tests.counters import Added, counters
 from tests.projections.test_read_your_writes import USER_READ_MODELS, users_settings
-from tests.system import system, wait_for
+from tests.system import esk_env, system, wait_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
@@ -180,3 +186,73 @@ async def test_a_rebuild_beside_readers_takes_the_catch_up_turn_a_batch_at_a_tim
             stop.asked.set()
             await asyncio.to_thread(driver.join, 120)
     assert ReadModelRows(settings).read(NAME, {"counter_id": "c1"}, limit=1) == [{"counter_id": "c1", "total": 100, "version": 11}]
+
+
+async def test_a_rebuild_beside_a_continuous_run_is_taken_over_by_it_and_readers_never_go_back(
+    settings: Settings, spark: SparkSession, tmp_path: Path, runner_said: Callable[[], str]
+) -> None:
+    """`esk project run NAME --rebuild` beside a continuous run of the same code (esk dev's
+    driver), commands coming in: switched by the rebuild, readers would see rows and
+    positions older than they had seen, as the continuous run wrote on meanwhile. The
+    rebuild offers its generation instead; the continuous run stops its own, brings the new
+    one to where its own stood, switches readers, and keeps it up."""
+    settings = users_settings(settings, tmp_path)
+    tables = Tables(settings.projections.warehouse_dir)
+    seen: list[Positions] = []
+    generations: set[int | None] = set()
+    sampled = threading.Event()
+
+    def sample() -> None:  # what a reader's read says it reflects, as often as a busy reader asks
+        while not sampled.is_set():
+            if positions := read_model_positions(tables, NAME):
+                seen.append(positions)
+                generations.add(tables.current_generation(NAME))
+            time.sleep(0.01)
+
+    async with system(settings) as s:
+
+        async def add() -> int:
+            answer = await s.client.post("/v1/counters/c1/add", json={"n": 1})
+            assert answer.status_code == 200
+            return int(answer.json()["version"])
+
+        async def keep_adding() -> None:
+            while True:
+                await add()
+                await asyncio.sleep(0.05)
+
+        assert (await s.client.post("/v1/counters/c1/start", json={})).status_code == 200
+        stop = StopRequest()
+        continuous = threading.Thread(target=run, args=(settings, TOTALS, True), kwargs={"spark": spark, "stop": stop})
+        continuous.start()
+        sampler = threading.Thread(target=sample)
+        try:
+            await wait_for(lambda: tables.current_generation(NAME) == 1, timeout_s=300, what="the continuous run's first build")
+            sampler.start()
+            adding = asyncio.create_task(keep_adding())
+            try:  # an operator's, in a driver of its own (in this one, it would hold up the continuous run's batches)
+                rebuilt = await asyncio.to_thread(
+                    subprocess.run, [sys.executable, "-m", "esk", "project", "run", NAME, "--rebuild"],
+                    env=esk_env(settings), cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                )  # fmt: skip
+            finally:
+                adding.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await adding
+            assert rebuilt.returncode == 0, rebuilt.stderr
+            assert f"{NAME}: readers now use generation 2, switched by the run that took it over" in rebuilt.stderr, rebuilt.stderr
+            assert tables.current_generation(NAME) == 2
+            version = await add()  # and the continuous run keeps the new generation up
+            rows = ReadModelRows(settings)
+            await wait_for(lambda: rows.read(NAME, {"counter_id": "c1"}, limit=1)[0]["version"] == version, timeout_s=60, what="the row")
+            assert rows.read(NAME, {"counter_id": "c1"}, limit=1)[0]["total"] == version - 1
+        finally:
+            sampled.set()
+            stop.asked.set()
+            await asyncio.to_thread(continuous.join, 120)
+            if sampler.is_alive():
+                await asyncio.to_thread(sampler.join, 10)
+    assert len(seen) > 10 and generations == {1, 2}, (len(seen), generations)
+    went_back = [(before, after) for before, after in itertools.pairwise(seen) if any(after.get(k, 0) < v for k, v in before.items())]
+    assert not went_back, went_back[:3]
+    assert f"{NAME}: taking over generation 2, rebuilt beside this run" in runner_said()

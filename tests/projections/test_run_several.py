@@ -187,16 +187,17 @@ def test_esk_dev_keeps_the_read_models_up_in_one_driver(settings: Settings, tmp_
             "counter_totals": {"counter_id": "c1", "total": 7, "version": 3},
         })
         assert _javas(psutil.Process(dev.pid)) == 1  # one driver for both (no embedded broker: one is given)
-        # A rebuild beside it, as a user runs one: readers move to the new generation, which
-        # esk dev's driver then keeps up (it would otherwise stand still at the rebuild's end).
+        # A rebuild beside it, as a user runs one: esk dev's driver takes the new generation
+        # over, brings it to where its own stands, moves readers to it and keeps it up (it
+        # would otherwise stand still at the rebuild's end).
         rebuilt = subprocess.run(
             [sys.executable, "-m", "esk", "project", "run", "counter_adds", "--rebuild"],
             env=env, cwd=tmp_path, capture_output=True, text=True, timeout=240,
         )
         assert rebuilt.returncode == 0, rebuilt.stdout + rebuilt.stderr
-        assert "counter_adds: readers now use generation 2" in rebuilt.stdout + rebuilt.stderr
+        assert "counter_adds: readers now use generation 2, switched by the run that took it over" in rebuilt.stdout + rebuilt.stderr
         kept_up(client, log, "add", {"n": 1}, {"counter_adds": {"counter_id": "c1", "adds": 3, "version": 4}})
-        assert "counter_adds: readers were moved to generation 2 by another run: keeping that one up now" in log.read_text()
+        assert "counter_adds: taking over generation 2, rebuilt beside this run" in log.read_text()
         # and removes the generation readers left (its table, checkpoint and lock)
         warehouse = tmp_path / ".esk" / "warehouse"
         # (said once all of it is gone: the table goes first, the checkpoint and lock after)

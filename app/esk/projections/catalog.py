@@ -548,10 +548,35 @@ class Tables:
         self.warehouse = Path(warehouse).absolute()
 
     def current_generation(self, name: str) -> int | None:
+        return self._pointed(name, "CURRENT")
+
+    def offered(self, name: str) -> int | None:
+        """A generation a one-shot rebuild caught up and offered to the run that keeps the
+        one readers use (a continuous run), which brings it to where its own stands, then
+        switches readers (runner's hand-over); None: none offered."""
+        return self._pointed(name, "OFFERED")
+
+    def offer(self, name: str, generation: int) -> None:
+        self._point(name, "OFFERED", generation)
+
+    def withdraw(self, name: str, generation: int) -> None:
+        """The offer of `generation` ends: taken up, declined, or given up on."""
+        if self.offered(name) == generation:
+            (self.warehouse / name / "OFFERED").unlink(missing_ok=True)
+
+    def _pointed(self, name: str, pointer: str) -> int | None:
         try:
-            return int((self.warehouse / name / "CURRENT").read_text().strip().lstrip("g"))
+            return int((self.warehouse / name / pointer).read_text().strip().lstrip("g"))
         except (FileNotFoundError, ValueError):
             return None
+
+    def _point(self, name: str, pointer: str, generation: int) -> None:
+        """`pointer` at `generation`: a rename, so a reader sees the old or the new, never neither."""
+        path = self.warehouse / name / pointer
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staged = path.with_suffix(".next")
+        staged.write_text(f"g{generation}\n")
+        os.replace(staged, path)
 
     def path(self, name: str, generation: int) -> Path:
         return self.warehouse / name / f"g{generation}"
@@ -635,11 +660,7 @@ class Tables:
             return time.time()
 
     def switch(self, name: str, generation: int) -> None:
-        """Point readers at `generation`: a rename, so they see the old or the new, never neither."""
-        pointer = self.warehouse / name / "CURRENT"
-        pointer.parent.mkdir(parents=True, exist_ok=True)
-        staged = pointer.with_suffix(".next")
-        staged.write_text(f"g{generation}\n")
-        os.replace(staged, pointer)
+        """Point readers at `generation`, atomically."""
+        self._point(name, "CURRENT", generation)
 
 

@@ -70,6 +70,11 @@ VACUUM_EVERY_S = 3600.0  # a continuous run removes unreferenced files this ofte
 # time over 1,000,000 events, docs/benchmarks.md.)
 REBUILD_BESIDE_BATCH_MAX = 500_000
 RETIRE_EVERY_S = 60.0  # and looks this often for generations readers left long enough ago
+# How long a rebuild waits for the run that keeps readers' generation to take over the one it
+# built and switch readers (`_hand_over`): that run notices at its next look (POLL_S), and
+# stops between batches.
+HAND_OVER_WAIT_S = 60.0
+HAND_OVER_POLL_S = 0.2
 LAG_REPORT_EVERY_S = 10  # and looks at its lag this often, to log it when it changed
 POLL_S = 1  # seconds: how soon a run notices it is asked to stop
 KAFKA_CHECK_S = 5.0  # how long a run waiting for a broker gives one to answer, each time
@@ -104,6 +109,9 @@ class RunSummary:
     standby: bool = False  # stopped while it waited for another run to let go of the generation
     started: bool = True  # False: stopped before it held a generation (its driver starting, say)
     held_up: bool = False  # it stood still before a batch of events newer than its code: its lag not known
+    # A rebuild's: readers' generation was kept by another run, which it left the switch to (_hand_over)
+    handed_over: bool = False
+    taking_over: int | None = None  # a continuous run's: the rebuilt generation it leaves its own for
 
 
 class Held(NamedTuple):
@@ -155,6 +163,16 @@ def run(
     with held.lock:
         spark = spark or _driver_session(settings, f"esk-project-{name}")
         summary = _keep(settings, projection, held, continuous, spark, stop, catch_up_turn)
+    if summary.handed_over:
+        return _hand_over(tables, name, held.lock.generation, summary, stop, settings.projections.old_generations_kept_s)
+    offered = summary.taking_over
+    if continuous and offered is not None and not stop.asked.is_set():
+        lock = tables.run_lock(name, offered)  # its rebuild lets go of it as it offers it
+        if _Waiting(stop).take(lock, partial(_moved, tables, name, tables.current_generation(name))):
+            tables.withdraw(name, offered)  # after the lock: an offer gone, its lock free, was declined (_hand_over)
+            log.info(f"{name}: taking over generation {offered}, rebuilt beside this run: it is brought to where generation "
+                     f"{held.lock.generation} stands, then readers move to it")  # fmt: skip
+            return _added(run(settings, projection, continuous, False, spark, stop, catch_up_turn, Held(lock, building=True)), summary)
     moved_to = tables.current_generation(name)
     if not continuous or stop.asked.is_set() or moved_to is None or moved_to <= held.lock.generation:
         return summary
@@ -169,10 +187,57 @@ def run(
             f"readers were moved to generation {moved_to}, built by other code than this run's ({error.changes}): this run "
             "ends, and started again (as esk dev starts its driver) runs the code as it is then"
         ) from error
-    then.batches += summary.batches
-    then.events += summary.events
-    then.rows += summary.rows
+    return _added(then, summary)
+
+
+def _added(then: RunSummary, before: RunSummary) -> RunSummary:
+    """A run that went on on another generation: its summary, with what it did before."""
+    then.batches += before.batches
+    then.events += before.events
+    then.rows += before.rows
     return then
+
+
+def _kept_by_another_run(tables: Tables, name: str) -> bool:
+    current = tables.current_generation(name)
+    return current is not None and tables.run_lock(name, current).keeper() is not None
+
+
+def _hand_over(tables: Tables, name: str, generation: int, summary: RunSummary, stop: StopRequest, kept_s: float) -> RunSummary:
+    """A rebuild caught up while another run keeps the generation readers use (a continuous
+    run, which goes on writing it): switched now, readers would see rows older than they
+    have seen, by up to that run's batch. The generation is offered to that run instead
+    (`offer_taken`), which brings it to where its own stands, then switches readers; this
+    waits for that (HAND_OVER_WAIT_S at most). An offer declined (that run is of other
+    code), not taken in that time, or left by a run that ended, ends in this run's switch."""
+    current = tables.current_generation(name)
+    log.info(f"{name}: generation {generation} has caught up; another run keeps generation {current} up, which readers use: "
+             f"it is offered to that run, which brings it to where its own stands, then switches readers")  # fmt: skip
+    deadline = time.monotonic() + HAND_OVER_WAIT_S
+    lock = tables.run_lock(name, generation)
+    while not stop.asked.is_set() and time.monotonic() < deadline:
+        if (tables.current_generation(name) or 0) >= generation:
+            log.info(f"{name}: readers now use generation {generation}, switched by the run that took it over")
+            return summary
+        if tables.offered(name) != generation and lock.keeper() is None:
+            break  # declined, or taken by a run that ended since
+        stop.asked.wait(HAND_OVER_POLL_S)
+    tables.withdraw(name, generation)
+    if stop.asked.is_set():
+        summary.caught_up = False  # readers stay where they are, unless a run took it over already
+        return summary
+    try:
+        lock.acquire()
+    except GenerationBusy:  # taken over, its catch-up longer than the wait
+        log.info(f"{name}: the run that took generation {generation} over switches readers to it once it has caught it up")
+        return summary
+    with lock:
+        if (tables.current_generation(name) or 0) < generation:
+            tables.switch(name, generation)
+            log.info(f"{name}: readers now use generation {generation}")
+    summary.handed_over = False
+    _retire(tables, name, kept_s)
+    return summary
 
 
 def hold_generation(
@@ -303,6 +368,31 @@ def _keep(
 
     def stopping() -> bool:
         return stop.asked.is_set() or leaving.is_set()
+
+    declined: set[int] = set()
+
+    def offer_taken() -> bool:
+        """A continuous run keeping readers' generation takes over one a rebuild caught up
+        beside it and offered (`_hand_over`): its query stops between batches, as when
+        readers move on, and `run` brings the offered one to where this one stands, then
+        switches readers: they never see rows older than they have seen. One built by other
+        code is declined: it is not this run's to keep (its rebuild switches readers)."""
+        offered = tables.offered(name)
+        if not continuous or offered is None or offered <= generation or offered in declined:
+            return False
+        if tables.current_generation(name) != generation:  # readers are not on this one (yet): nothing to go back from
+            return False
+        table = _delta_table(tables.path(name, offered))
+        built = None if table is None else _as_built(table, schema, projection.model, writes)
+        if built is None or built.changes or built.writes_changed:
+            declined.add(offered)
+            tables.withdraw(name, offered)
+            told = ("; ".join(built.changes) or "its writes") if built is not None else "no table"
+            log.info(f"{name}: generation {offered}, rebuilt beside this run, was built by other code than this run's ({told}): left to its rebuild")
+            return False
+        summary.taking_over = offered
+        leaving.set()
+        return True
 
     def batch(records: DataFrame, batch_id: int) -> None:
         if not (beside and catching_up.is_set()):
@@ -491,7 +581,7 @@ def _keep(
         # A one-shot run tells of an outage; its caller runs it again.
         watched = _WatchedQuery(lambda: writer().trigger(availableNow=True).start(), settings, stop, name, continuous)
         try:
-            while watched.goes_on() and not moved_on():
+            while watched.goes_on() and not (moved_on() or offer_taken()):
                 pass
         except BaseException as failure:  # a caller's Ctrl-C, or the query's failure: no query outlives the run's lock (_stop)
             _stop(watched.query, name)
@@ -517,6 +607,10 @@ def _keep(
     summary.caught_up = not stopped or (query.lastProgress is not None and not any(summary.lag.values()))
     if not summary.caught_up:
         return summary  # readers stay on the generation they use
+    if held.building and not continuous and _kept_by_another_run(tables, name):
+        tables.offer(name, generation)  # the switch is left to that run (`run` waits for it: _hand_over)
+        summary.handed_over = True
+        return summary
     if held.building:
         tables.switch(name, generation)  # caught up: readers move over now, never earlier
         log.info(f"{name}: readers now use generation {generation} ({path})")
@@ -530,7 +624,7 @@ def _keep(
         reported = vacuumed = retired = time.monotonic()
         retiring = _retire_beside(tables, name, kept_s)
         try:
-            while watched.goes_on() and not moved_on():
+            while watched.goes_on() and not (moved_on() or offer_taken()):
                 # A query started again after an outage has no progress yet: no lag to tell.
                 if time.monotonic() - reported > report_every_s and watched.query.lastProgress is not None:
                     lag = _lag(watched.query.lastProgress)
