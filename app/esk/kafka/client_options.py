@@ -7,9 +7,11 @@ broker accepts those settings at all.
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 from typing import Any
 
+from aiokafka.client import AIOKafkaClient
 from aiokafka.conn import create_conn
 from aiokafka.errors import (
     AuthenticationFailedError,
@@ -43,6 +45,47 @@ def _never_create_topics() -> None:
 
 
 _never_create_topics()
+
+
+def _metadata_retries_backed_off() -> None:
+    """aiokafka's producer, holding a batch for a partition whose leader it has lost (the
+    broker gone), asks for metadata again the moment an update fails: with no broker to
+    answer, thousands of refused connections a second, a core of CPU per process (both of
+    a small host's cores for two APIs), for as long as the batch waits. A failed update is
+    told to whoever waits for it only after the client's retry backoff (`retry_backoff_ms`,
+    100 ms), as Kafka's Java client backs off; a successful one at once."""
+    force = AIOKafkaClient.force_metadata_update
+    if getattr(force, "esk_backs_off", False):
+        return
+
+    def backing_off(self: AIOKafkaClient) -> asyncio.Future[bool]:
+        update: asyncio.Future[bool] = force(self)
+        told: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+
+        def tell(done: asyncio.Future[bool]) -> None:
+            if told.done():
+                return
+            if done.cancelled():
+                told.cancel()
+            elif (error := done.exception()) is not None:
+                told.set_exception(error)
+            elif done.result():
+                told.set_result(True)
+            else:
+                told.get_loop().call_later(self._retry_backoff, failed)
+
+        def failed() -> None:
+            if not told.done():
+                told.set_result(False)
+
+        update.add_done_callback(tell)
+        return told
+
+    backing_off.esk_backs_off = True  # type: ignore[attr-defined]
+    AIOKafkaClient.force_metadata_update = backing_off
+
+
+_metadata_retries_backed_off()
 
 
 def client_options(settings: Settings) -> dict[str, Any]:
