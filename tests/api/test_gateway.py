@@ -5,6 +5,7 @@ command found no broker, the others are refused at once until one answers."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from pathlib import Path
 
@@ -94,3 +95,41 @@ async def test_once_a_command_found_no_broker_the_others_are_refused_at_once_unt
     # clients retry under their keys. Those refused at once were never sent.
     assert [c for c in stored if not c.startswith("timed-out")] == ["before", "after", "after-2"]
     assert len(stored) == len(set(stored))
+
+
+async def test_the_first_command_after_a_long_outage_is_taken(tmp_path: Path) -> None:
+    """A command timed out and expired in the producer while no broker answered: its
+    sequence number went on, and the producer's next send, once a broker is back, was
+    refused as out of order (OutOfOrderSequenceNumber), a 503 for a client just told that
+    commands are taken again. A new producer takes over as a broker answers again."""
+    broker = EmbeddedBroker(BrokerSettings(port=free_port_pair(), data_dir=tmp_path / "broker"))
+    await asyncio.to_thread(broker.start)
+    settings = own_settings(broker, tmp_path)
+    settings = settings.model_copy(update={
+        "api": settings.api.model_copy(update={"submit_timeout_s": 1.0}),
+        "kafka": settings.kafka.model_copy(update={"request_timeout_ms": 2000}),  # its records expire within the outage
+    })  # fmt: skip
+    await ensure_topics(settings, topic_specs(settings, load_registry(settings.domain)))
+    gateway = CommandGateway(settings)
+    await gateway.start()
+    try:
+        await gateway.submit(_deposit("before"))
+
+        async def send_on() -> None:  # clients' commands, in flight as the broker goes
+            for n in range(1000):
+                with contextlib.suppress(KafkaError, TimeoutError, KafkaAway):
+                    await gateway.submit(_deposit(f"timed-out-{n}"))
+
+        sending = [asyncio.create_task(send_on()) for _ in range(12)]
+        await asyncio.sleep(0.5)
+        await asyncio.to_thread(broker.stop)
+        await asyncio.sleep(3)  # past its request timeout: the producer gave its records up
+        for task in sending:
+            task.cancel()
+        await asyncio.gather(*sending, return_exceptions=True)
+        await asyncio.to_thread(broker.start)
+        await wait_for(lambda: gateway.away_since is None, timeout_s=30, what="the gateway to see the broker back")
+        await gateway.submit(_deposit("after"))
+    finally:
+        await gateway.stop()
+        await asyncio.to_thread(broker.stop)

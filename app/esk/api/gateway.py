@@ -100,12 +100,16 @@ class CommandGateway:
             try:
                 await producer.start()  # an idempotent one asks for its id until a broker answers
             except BaseException:  # failed, or cut short by the command's timeout
-                discarding = asyncio.get_running_loop().create_task(self._discard(producer))
-                self._discarding.add(discarding)
-                discarding.add_done_callback(self._discarding.discard)
+                self._discard_beside(producer)
                 raise
             self._producer = producer
             return producer
+
+    def _discard_beside(self, producer: AIOKafkaProducer) -> None:
+        """`_discard`, in a task of its own: no command waits for it."""
+        discarding = asyncio.get_running_loop().create_task(self._discard(producer))
+        self._discarding.add(discarding)
+        discarding.add_done_callback(self._discarding.discard)
 
     def commands_partitions(self) -> int | None:
         """How many partitions the commands topic has, as the producer knows it (it puts
@@ -165,6 +169,14 @@ class CommandGateway:
                 continue
             if answered:
                 break
+        # The producer gave up records it held through the outage (their request timeout),
+        # and its sequence numbers went on past them: a broker would refuse its next send as
+        # out of order (OutOfOrderSequenceNumber), failing commands just told they are
+        # taken. A new one (a producer id of its own) takes over; the old one, stopping,
+        # sends what it still holds.
+        if self._producer is not None:
+            self._discard_beside(self._producer)
+            self._producer = None
         if self._away_since is not None:
             log.info("a Kafka broker answers again: commands are taken (none was for %.0f s)", time.time() - self._away_since)
         self._back()
