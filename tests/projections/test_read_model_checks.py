@@ -354,6 +354,13 @@ def test_a_batch_stalled_for_want_of_a_broker_is_told_once_and_its_end_once(
     answers[0] = True
     look(STALL_CHECK_S + 1)  # the next batch: watched afresh
     assert len(asked) == 3 and len(runner_said().splitlines()) == 2
+    # a trigger with nothing to read, waiting for the broker's offsets, then ending with no batch
+    answers[0] = False
+    look(STALL_CHECK_S)
+    assert runner_said().splitlines()[-1].startswith("totals: a batch has waited")
+    query.status["isTriggerActive"] = False
+    look(1)
+    assert runner_said().splitlines()[-1] == "totals: Kafka answers again"
 
 
 @pytest.mark.parametrize(

@@ -1302,8 +1302,8 @@ class _StalledBatch:
         now = time.monotonic()
         finished = _batch_id(query)
         if finished != self._finished or not query.status["isTriggerActive"]:
-            if self._told and finished != self._finished:
-                log.info(f"{self.name}: Kafka answers again: the batch went through")
+            if self._told:  # a trigger with no events to read ends with no batch: told all the same
+                log.info(f"{self.name}: Kafka answers again" + (": the batch went through" if finished != self._finished else ""))
             self._finished, self._since, self._told = finished, now, False
             return
         if self._told or now - self._since < STALL_CHECK_S or now - self._checked < STALL_CHECK_S:
