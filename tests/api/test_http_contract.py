@@ -9,10 +9,11 @@ import uuid
 import httpx
 import pytest
 
+from esk.api.gateway import CommandGateway
 from esk.kafka.partitioner import partition_for
 from esk.kafka.reader import read_committed
 from esk.kafka.topics import TopicNames
-from esk.protocol import payload_digest
+from esk.protocol import CommandEnvelope, payload_digest
 from esk.registry import load_registry
 from esk.settings import Settings
 from tests.system import events_topic, processor, read_topic, system, wait_for
@@ -94,6 +95,26 @@ async def test_creating_twice(settings: Settings) -> None:
         r = await c.post(f"/v1/accounts/{account}/open", json={"owner": "x"})
         assert r.status_code == 409 and r.json()["code"] == "already_exists"
         assert r.json()["detail"] == f"accounts {account!r} already exists"
+
+
+async def test_a_command_taken_by_another_api_instance_is_waited_for_with_wait_ms(settings: Settings) -> None:
+    """Another instance took the command (its gateway put it on the commands topic): this
+    one knows of it only once its outcome is in, so a read of it waits with `wait_ms`, where
+    one without answers 404 at once, whatever is on its way."""
+    async with system(settings) as s:
+        other = CommandGateway(settings)
+        await other.start()
+        try:
+            account = new_id()
+            await other.submit(CommandEnvelope(f"elsewhere-{account}", "accounts", account, "open", {"owner": "ada"}))
+        finally:
+            await other.stop()
+        r = await s.client.get(f"/v1/commands/elsewhere-{account}", params={"wait_ms": 30_000}, timeout=40)
+        assert r.status_code == 200 and r.json()["http_status"] == 200 and r.json()["aggregate_id"] == account, r.text
+        r = await s.client.get("/v1/commands/never-sent", params={"wait_ms": 300})
+        assert r.status_code == 404 and r.json()["code"] == "unknown_command_id" and "wait_ms waits for it" in r.json()["detail"]
+        r = await s.client.get("/v1/commands/never-sent", params={"wait_ms": -1})
+        assert r.status_code == 400 and r.json()["code"] == "invalid_wait"
 
 
 async def test_not_found_and_unknown_names(settings: Settings) -> None:

@@ -196,8 +196,13 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
 
     # A command id may hold "/" (escaped as %2F, which the path arrives decoded from).
     @router.get("/v1/commands/{command_id:any_text}")
-    async def get_command(command_id: str) -> Response:
+    async def get_command(command_id: str, request: Request, wait_ms: int | None = None) -> Response:
+        _given_once(request)
+        if wait_ms is not None and wait_ms < 0:
+            raise Problem(400, "invalid_wait", "wait_ms must be >= 0")
         outcome = replica.outcome(command_id)
+        if outcome is None and wait_ms:  # submitted through another instance, say: its outcome on its way here
+            outcome = await replica.wait_outcome(command_id, lambda _: True, min(wait_ms / 1000, settings.api.read_wait_max_s))
         if outcome is not None:
             intake.submitted.discard(command_id)
             aggregate = registry.get(outcome.aggregate_type)
@@ -206,7 +211,11 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
             return json_response(body)
         if command_id in intake.submitted:
             return json_response({"command_id": command_id, "status": "pending"}, 202)
-        raise Problem(404, "unknown_command_id", "no outcome for this command (unknown, expired, or not processed yet)")
+        raise Problem(
+            404, "unknown_command_id",
+            "no outcome for this command here (unknown, expired, or not processed yet; one submitted through another API "
+            "instance reads so until its outcome is in: wait_ms waits for it)",
+        )  # fmt: skip
 
     @router.get("/v1/projections/{name}")
     async def get_projection(name: str, request: Request, limit: int | None = None, wait_ms: int | None = None) -> Response:

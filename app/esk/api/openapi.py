@@ -429,11 +429,20 @@ def _outcome_operation() -> Schema:
         "tags": ["commands"],
         "summary": "The outcome of a command",
         "operationId": "get_command",
-        "parameters": [_parameter("command_id", "path", COMMAND_ID.schema(), "The command id (its Idempotency-Key)")],
+        "parameters": [
+            _parameter("command_id", "path", COMMAND_ID.schema(), "The command id (its Idempotency-Key)"),
+            _parameter("wait_ms", "query", _count(), "How long to wait for its outcome, when it is not in yet (default 0, at most the API's bound)"),
+        ],
         "responses": {
             "200": _answer("The outcome, with the status its POST answered", _ref("CommandOutcome")),
             "202": _answer("Submitted through this API instance within the hour, its outcome not in yet", _ref("CommandPending")),
-            "404": _problem("Unknown, expired, or not processed yet (submitted through another instance)", "unknown_command_id"),
+            "400": _problem("wait_ms below 0, or given twice", "invalid_wait"),
+            "422": _problem("wait_ms is not an integer", "invalid_request"),
+            "404": _problem(
+                "No outcome here (within `wait_ms`): unknown, expired, or not processed yet; a command submitted through "
+                "another API instance reads so here until its outcome is in (a read with `wait_ms` waits for it)",
+                "unknown_command_id",
+            ),
         },
     }
 
