@@ -29,7 +29,8 @@ Row = tuple[Any, ...]
 
 class Sql(Protocol):
     """A handler's way into its database, inside the transaction esk opened for it. The SQL
-    is the database's own (SQLite: `?` or `:name` placeholders)."""
+    is the database's own (SQLite: `?` or `:name` placeholders; PostgreSQL, psycopg's `%s` or
+    `%(name)s`)."""
 
     async def execute(self, sql: str, params: Params = ()) -> int:
         """Run a statement; return the number of rows it changed."""
