@@ -8,7 +8,10 @@ be stored later, as the producer goes on retrying it: the client retries under i
 which never applies a command twice). After such a failure for want of a broker, every
 command fails at once (`KafkaAway`) until a broker answers again, which the gateway asks
 every PROBE_INTERVAL_S: a client told 503 in milliseconds retries under its key, rather
-than holding a connection for the timeout and then retrying all the same.
+than holding a connection for the timeout and then retrying all the same. A broker that
+answers may still store nothing (its partitions below `min.insync.replicas`, a cluster
+without its controllers' quorum): the next command then tries alone, the others refused
+at once meanwhile, and only a command stored ends the outage.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import logging
 import time
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaError, KafkaTimeoutError
+from aiokafka.errors import KafkaError, KafkaTimeoutError, OutOfOrderSequenceNumber
 from opentelemetry.trace import SpanKind
 
 from .. import tracing
@@ -57,6 +60,7 @@ class CommandGateway:
         self._starting = asyncio.Lock()
         self._away_since: float | None = None
         self._probe: asyncio.Task[None] | None = None  # asks whether a broker is back, while none is
+        self._trying = False  # a broker answers again, and a command tries whether commands are stored
         self._discarding: set[asyncio.Task[None]] = set()  # producers whose start failed, stopping
 
     async def start(self) -> None:
@@ -80,6 +84,8 @@ class CommandGateway:
                 await producer.stop()
         except Exception as error:  # timed out, or a start cut short: its client still goes
             log.debug("the API's producer did not stop cleanly: %r", error)
+            if producer._sender.sender_task is not None:  # else left pending, and told as destroyed so
+                producer._sender.sender_task.cancel()
             with contextlib.suppress(Exception):
                 await producer.client.close()
 
@@ -124,39 +130,59 @@ class CommandGateway:
         return self._away_since
 
     async def submit(self, envelope: CommandEnvelope) -> None:
-        """Raises KafkaAway, untried, while no broker has answered since a command found none."""
+        """Raises KafkaAway, untried, while no broker has answered since a command found
+        none, or while another command tries whether commands are stored again."""
+        trying = False
         if self._away_since is not None:
-            if self._probe is not None and not self._probe.done():
+            if self._trying or (self._probe is not None and not self._probe.done()):
                 raise KafkaAway(self._away_since)
-            self._back()  # the probe ended without an answer (it never should): this command finds out
-        producer = None
+            self._trying = trying = True
         try:
             async with asyncio.timeout(self.settings.api.submit_timeout_s):  # no task of its own, unlike wait_for
-                producer = await self._current()
-                await self._send(producer, envelope)
+                await self._submit(envelope)
         except (KafkaError, TimeoutError) as error:
             if _broker_away(error):
                 self._note_away(error)
-            elif producer is not None:
-                # An idempotent producer's sender ends on an error it cannot retry (a sequence
-                # number out of order after a broker came back, say) and fails every send
-                # after it: a new one takes over. Nothing it was sending was acknowledged, so
-                # nothing is lost: those requests are answered 503 and retried under their keys.
-                await self._retire(producer, error)
             raise
-        if self._away_since is not None:  # a command in flight got through: no need to wait for the probe
+        finally:
+            if trying:
+                self._trying = False
+        if self._away_since is not None:  # stored: a command in flight got through, or the one that tried
+            log.info("a command was stored: commands are taken again (none was for %.0f s)", time.time() - self._away_since)
             self._back()
+
+    async def _submit(self, envelope: CommandEnvelope) -> None:
+        """An idempotent producer's sender ends on an error it cannot retry and fails every
+        send after it: a new one takes over. Nothing it was sending was acknowledged, so
+        nothing is lost. The one error of that kind a broker back from an outage gives (a
+        sequence number out of order: the producer gave up records it held through it) is
+        no command's: the command is sent again, by the new producer."""
+        for again in (True, False):
+            producer = await self._current()
+            try:
+                await self._send(producer, envelope)
+                return
+            except KafkaError as error:
+                if _broker_away(error):
+                    raise
+                await self._retire(producer, error)
+                if not (again and isinstance(error, OutOfOrderSequenceNumber)):
+                    raise
 
     def _note_away(self, error: KafkaError | TimeoutError) -> None:
         if self._away_since is None:
             self._away_since = time.time()
             API_KAFKA_AWAY.set(1)
             log.warning(
-                "a command was not stored (%r: no broker answered, or its partition had no leader in time): commands are "
-                "refused at once until a broker answers",
+                "a command was not stored (%r: no broker answered, or its partition had no leader or too few in-sync "
+                "replicas in time): commands are refused at once until one is stored again",
                 error,
             )
-            self._probe = asyncio.create_task(self._until_a_broker_answers(), name="kafka-probe")
+        elif self._probe is None or self._probe.done():  # a broker answers, and stores nothing all the same
+            log.debug("a command was not stored while a broker answers: %r", error)
+        else:
+            return
+        self._probe = asyncio.create_task(self._until_a_broker_answers(), name="kafka-probe")
 
     async def _until_a_broker_answers(self) -> None:
         while True:
@@ -169,23 +195,15 @@ class CommandGateway:
                 continue
             if answered:
                 break
-        # The producer gave up records it held through the outage (their request timeout),
-        # and its sequence numbers went on past them: a broker would refuse its next send as
-        # out of order (OutOfOrderSequenceNumber), failing commands just told they are
-        # taken. A new one (a producer id of its own) takes over; the old one, stopping,
-        # sends what it still holds.
-        if self._producer is not None:
-            self._discard_beside(self._producer)
-            self._producer = None
-        if self._away_since is not None:
-            log.info("a Kafka broker answers again: commands are taken (none was for %.0f s)", time.time() - self._away_since)
-        self._back()
+        # The next command tries (submit): a broker that answers may still store nothing.
+        log.debug("a Kafka broker answers again: the next command tries whether commands are stored")
 
     def _back(self) -> None:
         if self._probe is not None and self._probe is not asyncio.current_task():
             self._probe.cancel()
         self._probe = None
         self._away_since = None
+        self._trying = False
         API_KAFKA_AWAY.set(0)
 
     async def _retire(self, failed: AIOKafkaProducer, error: KafkaError | TimeoutError) -> None:
