@@ -814,6 +814,10 @@ def subscriptions_status(
             err.print(f"[red]error:[/red] {each}: {escape(str(error))}", highlight=False, soft_wrap=True)
             behind.append(each)
             continue
+        except (KafkaError, TimeoutError) as error:  # a cluster without its quorum, say: asked for a minute
+            err.print(f"[red]error:[/red] {each}: Kafka did not answer in time ({escape(repr(error))})", highlight=False, soft_wrap=True)
+            behind.append(each)
+            continue
         table = Table("topic", "partition", "next offset", "end", "lag", "parked", title=f"{status.name} ({status.kind})")
         for p in status.partitions:
             next_offset = "-" if p.next_offset is None else str(p.next_offset)

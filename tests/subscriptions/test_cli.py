@@ -160,3 +160,38 @@ def test_an_operation_without_a_broker_is_told_in_one_line(args: tuple[str, ...]
         f"error: no Kafka broker answered at {address}, which {needs} needs: start one "
         "(`esk broker start`; `esk dev` starts its own), or set ESK_KAFKA__BOOTSTRAP_SERVERS to yours"
     ]
+
+
+def test_a_status_that_kafka_does_not_answer_in_time_is_told_in_one_line(
+    settings: Settings, env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A broker answers and the group's coordinator does not (two of a cluster's three nodes
+    killed: its admin requests fail for the minute they are asked again): one line, and the
+    others' status still told, where a traceback of 120 lines ended the command."""
+    from aiokafka.errors import NodeNotReadyError
+
+    from esk import cli as esk_cli
+
+    asked = esk_cli.subscription_operations
+
+    def failing_for_ledger(settings: Settings, name: str) -> object:
+        operations = asked(settings, name)
+        if name == "customer_ledger":
+
+            async def status() -> None:
+                raise NodeNotReadyError("Attempt to send a request to node which is not ready (node id 1).")
+
+            operations.status = status
+        return operations
+
+    asyncio.run(write_events(settings, []))  # the topics
+    monkeypatch.setattr(esk_cli, "subscription_operations", failing_for_ledger)
+    code, output = esk("subscriptions", "status")
+    assert code == 1
+    lines = output.splitlines()
+    told = [line for line in lines if line.startswith("error:")]
+    assert told == [
+        "error: customer_ledger: Kafka did not answer in time (NodeNotReadyError('Attempt to send a request to node which is "
+        "not ready (node id 1).'))"
+    ], output
+    assert "Traceback" not in output and any(line.startswith("payments:") for line in lines), output

@@ -28,6 +28,7 @@ async def retry_while_brokers_fail(operation: Callable[[], Awaitable[T]], timeou
     error that a broker coming back or another broker would not give, for up to `timeout_s`."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
+    told = False
     while True:
         try:
             return await operation()
@@ -35,5 +36,7 @@ async def retry_while_brokers_fail(operation: Callable[[], Awaitable[T]], timeou
             retriable = isinstance(error, TimeoutError) or bool(error.retriable)
             if not retriable or loop.time() > deadline:
                 raise
-            log.info("admin request failed (%r); asking again", error)
+            # once: a cluster without a quorum fails it five times a second for the whole wait
+            log.log(logging.DEBUG if told else logging.INFO, "admin request failed (%r); asking again for up to %.0f s", error, timeout_s)
+            told = True
         await asyncio.sleep(RETRY_PAUSE_S)
