@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from pathlib import Path
 
@@ -110,11 +111,13 @@ async def test_once_a_command_found_no_broker_the_others_are_refused_at_once_unt
     assert len(stored) == len(set(stored))
 
 
-async def test_the_first_command_after_a_long_outage_is_taken(tmp_path: Path) -> None:
+async def test_the_first_command_after_a_long_outage_is_taken(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """A command timed out and expired in the producer while no broker answered: its
     sequence number went on, and the producer's next send, once a broker is back, was
     refused as out of order (OutOfOrderSequenceNumber), a 503 for a client just told that
-    commands are taken again. A new producer takes over as a broker answers again."""
+    commands are taken again. The command that tries is sent again by a new producer, and
+    an operator reads one WARNING for the outage, not one more for what follows it."""
+    caplog.set_level(logging.INFO, logger="esk.api.gateway")
     broker = EmbeddedBroker(BrokerSettings(port=free_port_pair(), data_dir=tmp_path / "broker"))
     await asyncio.to_thread(broker.start)
     settings = own_settings(broker, tmp_path)
@@ -145,4 +148,6 @@ async def test_the_first_command_after_a_long_outage_is_taken(tmp_path: Path) ->
     finally:
         await gateway.stop()
         await asyncio.to_thread(broker.stop)
+    warned = [r.getMessage() for r in caplog.records if r.name == "esk.api.gateway" and r.levelno >= logging.WARNING]
+    assert len(warned) == 1 and warned[0].startswith("a command was not stored ("), warned
 

@@ -208,7 +208,9 @@ class CommandGateway:
 
     async def _retire(self, failed: AIOKafkaProducer, error: KafkaError | TimeoutError) -> None:
         if self._producer is failed:  # not retired by another request already
-            log.warning("the API's producer failed (%r): a new one takes over", error)
+            # what a broker back from an outage gives a producer that held records through it: expected
+            level = logging.INFO if isinstance(error, OutOfOrderSequenceNumber) else logging.WARNING
+            log.log(level, "the API's producer failed (%r): a new one takes over", error)
             self._producer = None
         await self._discard(failed)
 
