@@ -139,7 +139,8 @@ class Processor:
         STORE_MEMORY.labels("processor").set(self.resources.usage_bytes())
         for number, task in manager.tasks.items():
             if (end := consumer.last_stable_offset(task.input)) is not None:  # known once a fetch answered
-                COMMANDS_LAG.labels(str(number)).set(max(end - task.next_offset, 0))
+                handled = max(task.next_offset, _position(consumer, task.input) or 0)
+                COMMANDS_LAG.labels(str(number)).set(max(end - handled, 0))
 
     def _clean_state_directory(self, consumer: AIOKafkaConsumer) -> None:
         """Removes the stores of partitions neither owned nor kept warm here for
@@ -225,3 +226,16 @@ class _RebalanceListener(ConsumerRebalanceListener):  # type: ignore[misc]  # ai
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         await self.processor._on_assigned(assigned)
+
+
+def _position(consumer: AIOKafkaConsumer, tp: TopicPartition) -> int | None:
+    """The consumer's position on `tp`, past every record it has handed out (the task has
+    handled them all by then) and past a transaction's commit marker once fetched: a marker
+    takes an offset and holds no command, and a partition whose last record is a reactor's
+    command would read one behind for ever. None while it has none; aiokafka's
+    `position()` would wait for one, so its state is read as it is."""
+    try:
+        state = consumer._subscription.subscription.assignment.state_value(tp)
+        return int(state.position) if state is not None and state.has_valid_position else None
+    except AttributeError:  # unsubscribed meanwhile (a rebalance), or aiokafka's state changed shape
+        return None
