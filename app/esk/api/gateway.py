@@ -106,16 +106,12 @@ class CommandGateway:
             try:
                 await producer.start()  # an idempotent one asks for its id until a broker answers
             except BaseException:  # failed, or cut short by the command's timeout
-                self._discard_beside(producer)
+                discarding = asyncio.get_running_loop().create_task(self._discard(producer))
+                self._discarding.add(discarding)
+                discarding.add_done_callback(self._discarding.discard)
                 raise
             self._producer = producer
             return producer
-
-    def _discard_beside(self, producer: AIOKafkaProducer) -> None:
-        """`_discard`, in a task of its own: no command waits for it."""
-        discarding = asyncio.get_running_loop().create_task(self._discard(producer))
-        self._discarding.add(discarding)
-        discarding.add_done_callback(self._discarding.discard)
 
     def commands_partitions(self) -> int | None:
         """How many partitions the commands topic has, as the producer knows it (it puts
