@@ -27,19 +27,21 @@ from tests.system import read_topic
 pytestmark = pytest.mark.kafka
 
 
-def _deposit(command_id: str, note: str = "") -> CommandEnvelope:
+def deposit(command_id: str, note: str = "") -> CommandEnvelope:
     return CommandEnvelope(command_id, "accounts", "a1", "deposit", {"amount": 5, "note": note})
 
 
-async def _until_stored(gateway: CommandGateway, envelope: CommandEnvelope, timeout_s: float = 30) -> None:
-    """`envelope` submitted as a client retries it: refused at once while no broker answers,
-    then tried once one does."""
+async def until_stored(
+    gateway: CommandGateway, envelope: CommandEnvelope, timeout_s: float = 30, retried: tuple[type[Exception], ...] = (KafkaAway,)
+) -> None:
+    """`envelope` submitted as a client retries it (on `retried`): refused at once while no
+    broker answers, then tried once one does."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
             await gateway.submit(envelope)
             return
-        except KafkaAway:
+        except retried:
             if time.monotonic() > deadline:
                 raise
             await asyncio.sleep(0.2)
@@ -50,14 +52,14 @@ async def test_a_producer_stopped_by_an_error_it_cannot_retry_is_replaced(settin
     gateway = CommandGateway(settings)
     await gateway.start()
     try:
-        await gateway.submit(_deposit("before"))
+        await gateway.submit(deposit("before"))
         first = gateway._producer
         # larger than a request may be: no retry mends it (as none mends a sequence number
         # out of order once a broker came back, which ends an idempotent producer's sender)
         with pytest.raises(KafkaError) as failed:
-            await gateway.submit(_deposit("too-large", "x" * 2_000_000))
+            await gateway.submit(deposit("too-large", "x" * 2_000_000))
         assert not failed.value.retriable
-        await gateway.submit(_deposit("after"))
+        await gateway.submit(deposit("after"))
         assert gateway._producer is not None and gateway._producer is not first
     finally:
         await gateway.stop()
@@ -74,28 +76,28 @@ async def test_once_a_command_found_no_broker_the_others_are_refused_at_once_unt
     gateway = CommandGateway(settings)
     await gateway.start()
     try:
-        await gateway.submit(_deposit("before"))
+        await gateway.submit(deposit("before"))
         await asyncio.to_thread(broker.stop)
         started = time.monotonic()
         with pytest.raises(TimeoutError):  # found out the slow way, bounded (aiokafka would retry for ever)
-            await gateway.submit(_deposit("timed-out-1"))
+            await gateway.submit(deposit("timed-out-1"))
         assert 2.0 <= time.monotonic() - started < 5
         assert gateway.away_since is not None and REGISTRY.get_sample_value("esk_api_kafka_away") == 1
         for _ in range(3):
             started = time.monotonic()
             with pytest.raises(KafkaAway):
-                await gateway.submit(_deposit("refused"))
+                await gateway.submit(deposit("refused"))
             assert time.monotonic() - started < 0.1
             await asyncio.sleep(0.5)
 
         await asyncio.to_thread(broker.start)
-        await _until_stored(gateway, _deposit("after"))
+        await until_stored(gateway, deposit("after"))
         assert gateway.away_since is None and REGISTRY.get_sample_value("esk_api_kafka_away") == 0
-        await gateway.submit(_deposit("after-2"))
+        await gateway.submit(deposit("after-2"))
 
         await asyncio.to_thread(broker.stop)
         with pytest.raises(TimeoutError):
-            await gateway.submit(_deposit("timed-out-2"))
+            await gateway.submit(deposit("timed-out-2"))
     finally:
         started = time.monotonic()
         await gateway.stop()  # with a record it cannot send: bounded too
@@ -129,12 +131,12 @@ async def test_the_first_command_after_a_long_outage_is_taken(tmp_path: Path, ca
     gateway = CommandGateway(settings)
     await gateway.start()
     try:
-        await gateway.submit(_deposit("before"))
+        await gateway.submit(deposit("before"))
 
         async def send_on() -> None:  # clients' commands, in flight as the broker goes
             for n in range(1000):
                 with contextlib.suppress(KafkaError, TimeoutError, KafkaAway):
-                    await gateway.submit(_deposit(f"timed-out-{n}"))
+                    await gateway.submit(deposit(f"timed-out-{n}"))
 
         sending = [asyncio.create_task(send_on()) for _ in range(12)]
         await asyncio.sleep(0.5)
@@ -144,7 +146,7 @@ async def test_the_first_command_after_a_long_outage_is_taken(tmp_path: Path, ca
             task.cancel()
         await asyncio.gather(*sending, return_exceptions=True)
         await asyncio.to_thread(broker.start)
-        await _until_stored(gateway, _deposit("after"))  # the one that tries: not refused as out of order
+        await until_stored(gateway, deposit("after"))  # the one that tries: not refused as out of order
     finally:
         await gateway.stop()
         await asyncio.to_thread(broker.stop)

@@ -18,15 +18,11 @@ from prometheus_client import REGISTRY
 from esk.api.gateway import CommandGateway, KafkaAway
 from esk.broker.cluster import KafkaCluster
 from esk.kafka.topics import ensure_topics, topic_specs
-from esk.protocol import CommandEnvelope
 from esk.registry import load_registry
 from esk.settings import Settings
+from tests.api.test_gateway import deposit, until_stored
 
 pytestmark = pytest.mark.kafka
-
-
-def _deposit(command_id: str) -> CommandEnvelope:
-    return CommandEnvelope(command_id, "accounts", "a1", "deposit", {"amount": 5, "note": ""})
 
 
 @pytest.mark.timeout(300)
@@ -46,15 +42,15 @@ async def test_a_cluster_that_answers_and_stores_nothing_keeps_commands_refused_
     caplog.set_level(logging.INFO, logger="esk.api.gateway")
     killed = [2, 3]
     try:
-        await gateway.submit(_deposit("before"))
+        await gateway.submit(deposit("before"))
         for node in killed:
             await asyncio.to_thread(kafka.kill, node)
         with pytest.raises(TimeoutError):
-            await gateway.submit(_deposit("not-stored"))
+            await gateway.submit(deposit("not-stored"))
         tried = refused = 0
         started = time.monotonic()
         while time.monotonic() - started < 10:  # the probe finds node 1 answering, a few times
-            outcomes = await asyncio.gather(*(gateway.submit(_deposit(f"refused-{n}")) for n in range(5)), return_exceptions=True)
+            outcomes = await asyncio.gather(*(gateway.submit(deposit(f"refused-{n}")) for n in range(5)), return_exceptions=True)
             assert all(isinstance(o, TimeoutError | KafkaAway) for o in outcomes), outcomes
             tried += sum(isinstance(o, TimeoutError) for o in outcomes)
             refused += sum(isinstance(o, KafkaAway) for o in outcomes)
@@ -62,14 +58,8 @@ async def test_a_cluster_that_answers_and_stores_nothing_keeps_commands_refused_
             await asyncio.sleep(0.2)
         assert 1 <= tried <= 5 and refused > 5 * tried, (tried, refused)  # one at a time, a try a probe
         await asyncio.to_thread(kafka.start)  # both at once: neither answers without the other's vote
-        deadline = time.monotonic() + 120
-        while True:  # as a client retries: refused at once, tried once the probe finds a broker
-            try:
-                await gateway.submit(_deposit("after"))
-                break
-            except (KafkaAway, TimeoutError):
-                assert time.monotonic() < deadline
-                await asyncio.sleep(0.2)
+        # as a client retries: refused at once, tried (and timed out) once the probe finds a broker
+        await until_stored(gateway, deposit("after"), timeout_s=120, retried=(KafkaAway, TimeoutError))
         assert gateway.away_since is None and REGISTRY.get_sample_value("esk_api_kafka_away") == 0
     finally:
         await gateway.stop()
