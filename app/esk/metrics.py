@@ -39,6 +39,17 @@ REVOKE_SECONDS = Histogram(
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
 )
 STORE_MEMORY = Gauge("esk_rocksdb_cache_bytes", "RocksDB shared cache usage (blocks + memtables)", ["role"])
+HTTP_REQUESTS = Counter(
+    "esk_http_requests_total", "Requests the API answered, by method, route template and status", ["method", "route", "status"]
+)
+# From a millisecond's read to a command's outcome awaited, or a read that waits up to
+# `read_wait_max_s`: the buckets reach past the outcome's default timeout.
+HTTP_REQUEST_SECONDS = Histogram(
+    "esk_http_request_seconds",
+    "Time from a request's arrival to the end of its answer, by method and route template",
+    ["method", "route"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+)
 HTTP_OUTCOME_TIMEOUTS = Counter("esk_http_outcome_timeouts_total", "Commands answered 503: no outcome in time")
 API_KAFKA_AWAY = Gauge(
     "esk_api_kafka_away", "1 while the API's last command found no broker to store it: others are answered 503 at once"
@@ -111,7 +122,10 @@ _OWN: dict[Kind, tuple[MetricWrapperBase, ...]] = {
         REBUILT_AGGREGATES, UNUSABLE_AGGREGATES, RESTORE_RATE, ACTIVE_TASKS, COMMANDS_LAG, STANDBY_TASKS, REVOKE_SECONDS,
         STORE_MEMORY, EXPIRED,
     ),
-    Kind.API: (STORE_MEMORY, HTTP_OUTCOME_TIMEOUTS, API_KAFKA_AWAY, READ_MODEL_POSITION, READ_MODEL_LAG, READ_MODEL_PARKED, HISTORY_POSITION),
+    Kind.API: (
+        STORE_MEMORY, HTTP_REQUESTS, HTTP_REQUEST_SECONDS, HTTP_OUTCOME_TIMEOUTS, API_KAFKA_AWAY, READ_MODEL_POSITION, READ_MODEL_LAG,
+        READ_MODEL_PARKED, HISTORY_POSITION,
+    ),
     Kind.SUBSCRIBER: (SUBSCRIPTION_EVENTS, SUBSCRIPTION_LAG, SUBSCRIPTION_CAUGHT_UP, SUBSCRIPTION_PARKED, SUBSCRIPTION_PARTITIONS),
 }
 

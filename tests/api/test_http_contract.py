@@ -8,6 +8,7 @@ import uuid
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from esk.api.gateway import CommandGateway
 from esk.kafka.partitioner import partition_for
@@ -351,6 +352,47 @@ async def test_openapi_health_and_metrics(settings: Settings) -> None:
         # the API's own (the processor in this test's process has its own /metrics)
         assert "esk_api_kafka_away 0.0" in metrics and "esk_commands_total" not in metrics
         assert (await c.get("/docs")).status_code == 200
+
+
+def _requests(metrics: str) -> dict[tuple[str, str, str], float]:
+    """`esk_http_requests_total` by (method, route, status), from /metrics' text."""
+    return {
+        (sample.labels["method"], sample.labels["route"], sample.labels["status"]): sample.value
+        for family in text_string_to_metric_families(metrics)
+        for sample in family.samples
+        if sample.name == "esk_http_requests_total"
+    }
+
+
+async def test_requests_are_counted_and_timed_by_route_template(settings: Settings) -> None:
+    """/metrics counts every request by its route's template, not its path (an id would make
+    a series per aggregate), a command's and a read's alike; one no route took (a 404 path)
+    under `unrouted`; and times each."""
+    async with system(settings) as s:
+        c, account = s.client, new_id()
+        before = _requests((await c.get("/metrics")).text)
+        await open_account(c, account, deposit=5)
+        assert (await c.head(f"/v1/accounts/{account}")).status_code == 200
+        assert (await c.get("/v1/commands/no%2Fsuch")).status_code == 404
+        assert (await c.get(f"/v2/accounts/{account}")).status_code == 404
+        metrics = (await c.get("/metrics")).text
+        after = _requests(metrics)
+        added = {key: n - before.get(key, 0) for key, n in after.items() if n != before.get(key, 0)}
+        assert added == {
+            ("POST", "/v1/accounts/{id}/open", "200"): 1,
+            ("POST", "/v1/accounts/{id}/deposit", "200"): 1,
+            ("HEAD", "/v1/{type_name}/{id}", "200"): 1,
+            ("GET", "/v1/commands/{command_id}", "404"): 1,
+            ("GET", "unrouted", "404"): 1,
+            ("GET", "/metrics", "200"): 1,  # the read before
+        }
+        timed = [
+            sample.value
+            for family in text_string_to_metric_families(metrics)
+            for sample in family.samples
+            if sample.name == "esk_http_request_seconds_count" and sample.labels["route"] == "/v1/accounts/{id}/deposit"
+        ]
+        assert timed and timed[0] >= 1
 
 
 @pytest.mark.parametrize(

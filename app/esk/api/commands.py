@@ -41,7 +41,7 @@ from .history import events_as_current
 from .positions import EventPositions
 from .problems import Problem
 from .replica import StateReplica
-from .tracing import ROUTE_KEY
+from .route import ROUTE_KEY
 
 log = logging.getLogger(__name__)
 

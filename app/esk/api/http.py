@@ -44,6 +44,7 @@ from .positions import EventPositions
 from .problems import Problem
 from .read_after import ReadAfter
 from .replica import StateReplica
+from .request_metrics import RequestMetrics
 from .tracing import TracingMiddleware
 
 log = logging.getLogger(__name__)
@@ -187,6 +188,7 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
     if settings.api.auth_tokens:
         app.add_middleware(BearerAuth, tokens=frozenset(settings.api.auth_tokens))
     app.add_middleware(HeadAsGet)
+    app.add_middleware(RequestMetrics)
     if settings.tracing.enabled:  # outermost: a refused request is a span too
         app.add_middleware(TracingMiddleware)
 

@@ -13,10 +13,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .. import tracing
-
-# Set in the scope by whoever routed the request: a command route (CommandRoutes) here,
-# Starlette's router under "route".
-ROUTE_KEY = "esk.route"
+from .route import route_of
 
 
 class TracingMiddleware:
@@ -46,7 +43,7 @@ class TracingMiddleware:
             try:
                 await self.app(scope, receive, send_traced)
             finally:
-                route = scope.get(ROUTE_KEY) or getattr(scope.get("route"), "path", None)
-                if isinstance(route, str):
+                route = route_of(scope)
+                if route is not None:
                     span.update_name(f"{method} {route}")
                     span.set_attribute("http.route", route)
