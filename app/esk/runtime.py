@@ -23,6 +23,7 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn
 
 from . import tracing
 from .health import LoopHeartbeat, bound_socket, serve_operations
+from .kafka.errors import broker_away
 from .metrics import Kind, exported
 from .processes import hold_lock, kill_tree, set_from_signal_handler
 from .processing.processor import Processor
@@ -47,7 +48,7 @@ def _hold_to_recorded_schemas(settings: Settings, registry: Registry, wait: Call
             asyncio.run(hold_to_recorded_schemas(settings, registry, refuse=DEV_CHILD_VARIABLE not in os.environ))
             return
         except (KafkaError, OSError) as error:
-            if isinstance(error, KafkaError) and not error.retriable:
+            if not broker_away(error):
                 raise
             log.warning("the recorded schemas could not be read (%r): waiting for Kafka again", error)
         wait()

@@ -22,11 +22,12 @@ import logging
 import time
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaError, KafkaTimeoutError, OutOfOrderSequenceNumber
+from aiokafka.errors import KafkaError, OutOfOrderSequenceNumber
 from opentelemetry.trace import SpanKind
 
 from .. import tracing
 from ..kafka.client_options import check_access, client_options
+from ..kafka.errors import broker_away
 from ..kafka.topics import TopicNames
 from ..metrics import API_KAFKA_AWAY
 from ..protocol import CommandEnvelope
@@ -43,12 +44,6 @@ class KafkaAway(Exception):
     def __init__(self, since: float) -> None:
         self.since = since  # time.time() of the failure that found none
         super().__init__(f"no Kafka broker has stored a command since {time.strftime('%H:%M:%S', time.localtime(since))}")
-
-
-def _broker_away(error: KafkaError | TimeoutError) -> bool:
-    """A send failed for want of a broker (none answered in time, no leader, no metadata),
-    not for what it sent."""
-    return isinstance(error, TimeoutError | KafkaTimeoutError) or bool(error.retriable)
 
 
 class CommandGateway:
@@ -137,7 +132,7 @@ class CommandGateway:
             async with asyncio.timeout(self.settings.api.submit_timeout_s):  # no task of its own, unlike wait_for
                 await self._submit(envelope)
         except (KafkaError, TimeoutError) as error:
-            if _broker_away(error):
+            if broker_away(error):
                 self._note_away(error)
             raise
         finally:
@@ -159,7 +154,7 @@ class CommandGateway:
                 await self._send(producer, envelope)
                 return
             except KafkaError as error:
-                if _broker_away(error):
+                if broker_away(error):
                     raise
                 await self._retire(producer, error)
                 if not (again and isinstance(error, OutOfOrderSequenceNumber)):

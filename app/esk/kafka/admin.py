@@ -17,6 +17,8 @@ from typing import TypeVar
 
 from aiokafka.errors import KafkaError
 
+from .errors import broker_away
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
@@ -24,8 +26,8 @@ RETRY_PAUSE_S = 0.2
 
 
 async def retry_while_brokers_fail(operation: Callable[[], Awaitable[T]], timeout_s: float = 60.0) -> T:
-    """`operation()` (one admin request, or a few), asked again while it fails with an
-    error that a broker coming back or another broker would not give, for up to `timeout_s`."""
+    """`operation()` (one admin request, or a few), asked again while it fails for want of
+    a broker (`errors.broker_away`), for up to `timeout_s`."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     told = False
@@ -33,8 +35,7 @@ async def retry_while_brokers_fail(operation: Callable[[], Awaitable[T]], timeou
         try:
             return await operation()
         except (KafkaError, TimeoutError) as error:
-            retriable = isinstance(error, TimeoutError) or bool(error.retriable)
-            if not retriable or loop.time() > deadline:
+            if not broker_away(error) or loop.time() > deadline:
                 raise
             # once: a cluster without a quorum fails it five times a second for the whole wait
             log.log(logging.DEBUG if told else logging.INFO, "admin request failed (%r); asking again for up to %.0f s", error, timeout_s)
