@@ -27,7 +27,15 @@ import esk
 from esk.projections.catalog import Tables
 from esk.projections.positions import Positions, read_model_positions
 from esk.projections.reader import ReadModelRows
-from esk.projections.runner import BuiltByOtherCode, ReadModelChanged, ReadModelInvalid, RunFailed, StopRequest, run
+from esk.projections.runner import (
+    HAND_OVER_WAIT_S,
+    BuiltByOtherCode,
+    ReadModelChanged,
+    ReadModelInvalid,
+    RunFailed,
+    StopRequest,
+    run,
+)
 from esk.settings import Settings
 from tests.counters import Added, counters
 from tests.projections.test_read_your_writes import USER_READ_MODELS, users_settings
@@ -256,3 +264,36 @@ async def test_a_rebuild_beside_a_continuous_run_is_taken_over_by_it_and_readers
     went_back = [(before, after) for before, after in itertools.pairwise(seen) if any(after.get(k, 0) < v for k, v in before.items())]
     assert not went_back, went_back[:3]
     assert f"{NAME}: taking over generation 2, rebuilt beside this run" in runner_said()
+
+
+async def test_a_rebuild_beside_a_one_shot_run_switches_readers_once_that_run_has_ended(
+    settings: Settings, spark: SparkSession, tmp_path: Path, runner_said: Callable[[], str]
+) -> None:
+    """A one-shot run keeping readers' generation takes no offer: the rebuild offers it none
+    and switches readers as soon as that run lets go of the generation (not while it may
+    still write it, nor a minute later)."""
+    settings = users_settings(settings, tmp_path)
+    tables = Tables(settings.projections.warehouse_dir)
+    async with system(settings) as s:
+        assert (await s.client.post("/v1/counters/c1/start", json={})).status_code == 200
+        assert (await s.client.post("/v1/counters/c1/add", json={"n": 4})).status_code == 200
+    await asyncio.to_thread(run, settings, TOTALS, spark=spark)
+    assert tables.current_generation(NAME) == 1
+    one_shot = tables.run_lock(NAME, 1)  # as a one-shot run holds it: it says it takes no offers
+    one_shot.acquire()
+    rebuild = asyncio.create_task(asyncio.to_thread(run, settings, TOTALS, rebuild=True, spark=spark))
+    try:
+        await wait_for(
+            lambda: f"{NAME}: generation 2 has caught up; a one-shot run writes generation 1" in runner_said() or rebuild.done(),
+            timeout_s=300, what="the rebuild's catch-up",
+        )  # fmt: skip
+        assert not rebuild.done(), runner_said()
+        await asyncio.sleep(1)
+        assert tables.current_generation(NAME) == 1 and tables.offered(NAME) is None
+    finally:
+        one_shot.release()
+    ended = time.monotonic()
+    summary = await asyncio.wait_for(rebuild, 60)
+    assert time.monotonic() - ended < HAND_OVER_WAIT_S / 3
+    assert summary.caught_up and tables.current_generation(NAME) == 2
+    assert ReadModelRows(settings).read(NAME, {"counter_id": "c1"}, limit=1) == [{"counter_id": "c1", "total": 4, "version": 2}]

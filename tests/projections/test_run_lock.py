@@ -183,6 +183,25 @@ def test_a_run_held_up_says_why_in_its_lock_for_readers(tmp_path: Path) -> None:
     assert "held_up" not in json.loads(tables.run_lock("totals", 1).path.read_text())
 
 
+def test_a_continuous_run_says_in_its_lock_that_it_takes_offers(tmp_path: Path) -> None:
+    """A rebuild beside the run keeping readers' generation offers it the new one only when
+    that run says it takes offers (a continuous run): beside a one-shot run it waits for
+    that run's end instead (runner._hand_over)."""
+    tables = Tables(tmp_path)
+    with tables.run_lock("totals", 1) as lock:
+        lock.acquire()
+        one_shot = tables.run_lock("totals", 1).keeper()
+        assert one_shot is not None and not one_shot.takes_offers
+        lock.held_up("events newer than this code")
+        lock.takes_offers()
+        keeper = tables.run_lock("totals", 1).keeper()
+        assert keeper is not None and keeper.takes_offers and keeper.held_up == "events newer than this code"
+        lock.held_up(None)
+        keeper = tables.run_lock("totals", 1).keeper()
+        assert keeper is not None and keeper.takes_offers and keeper.held_up is None  # one said, the other kept
+    assert tables.run_lock("totals", 1).keeper() is None
+
+
 def test_the_generation_held_is_the_one_readers_use_a_new_one_to_rebuild_or_the_first(tmp_path: Path) -> None:
     pytest.importorskip("pyspark")
     from esk.projections.runner import hold_generation

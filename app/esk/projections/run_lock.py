@@ -75,9 +75,19 @@ class GenerationLock:
     def held_up(self, why: str | None) -> None:
         """Says in the file, for readers, that the run holding it is held up (`why`) until
         someone acts, a release say, or no longer is (None): waiting on it helps nothing."""
+        self._say("held_up", why)
+
+    def takes_offers(self) -> None:
+        """Says in the file that the run holding it keeps it up until stopped and takes over
+        a generation a rebuild offers it (runner._hand_over); a run that ends by itself does
+        not, and a rebuild beside it waits for its end instead."""
+        self._say("takes_offers", True)
+
+    def _say(self, key: str, value: object) -> None:
+        """`key` set to `value` in the file (None: taken out), while it is held."""
         if self._fd is None:
             return
-        self._me = {k: v for k, v in self._me.items() if k != "held_up"} | ({"held_up": why} if why else {})
+        self._me = {k: v for k, v in self._me.items() if k != key} | ({key: value} if value is not None else {})
         _write(self._fd, self._me)
 
     def _locked(self, fd: int, wait_s: float, asked_to_stop: threading.Event | None) -> bool:
@@ -112,7 +122,8 @@ class GenerationLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
-            return Keeper(self._holder(), self._written().get("held_up"))
+            written = self._written()
+            return Keeper(self._holder(), written.get("held_up"), written.get("takes_offers") is True)
         finally:
             os.close(fd)  # and the shared lock with it
         return None
@@ -151,11 +162,12 @@ class GenerationLock:
 
 
 class Keeper(NamedTuple):
-    """The run holding a generation's lock: who (`GenerationBusy`'s words), and why it is
-    held up, if it is."""
+    """The run holding a generation's lock: who (`GenerationBusy`'s words), why it is held
+    up, if it is, and whether it takes over a generation a rebuild offers it."""
 
     who: str
     held_up: str | None
+    takes_offers: bool
 
 
 def _write(fd: int, holder: dict[str, object]) -> None:

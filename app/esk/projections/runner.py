@@ -44,7 +44,7 @@ from ..settings import Settings
 from .catalog import BatchWriter, PlanCheck, PlanEnds, Probe, Projection, ReadModel, ReadModelMistake, Tables, session_conf
 from .events import decode, event_stream, newer_version, no_events, older_version, reading, upcast
 from .parking import Failure, ParkedAggregate, find_parked, held_back
-from .run_lock import GRACE_S, GenerationBusy, GenerationLock
+from .run_lock import GRACE_S, GenerationBusy, GenerationLock, Keeper
 from .session import spark_session, task_failures_untold
 
 # Delta settings for many small writes on a few cores: Delta rebuilds a table's snapshot
@@ -198,29 +198,38 @@ def _added(then: RunSummary, before: RunSummary) -> RunSummary:
     return then
 
 
-def _kept_by_another_run(tables: Tables, name: str) -> bool:
+def _readers_keeper(tables: Tables, name: str) -> Keeper | None:
+    """The run keeping the generation readers use, if one does."""
     current = tables.current_generation(name)
-    return current is not None and tables.run_lock(name, current).keeper() is not None
+    return None if current is None else tables.run_lock(name, current).keeper()
 
 
 def _hand_over(tables: Tables, name: str, generation: int, summary: RunSummary, stop: StopRequest, kept_s: float) -> RunSummary:
-    """A rebuild caught up while another run keeps the generation readers use (a continuous
-    run, which goes on writing it): switched now, readers would see rows older than they
-    have seen, by up to that run's batch. The generation is offered to that run instead
-    (`offer_taken`), which brings it to where its own stands, then switches readers; this
-    waits for that (HAND_OVER_WAIT_S at most). An offer declined (that run is of other
-    code), not taken in that time, or left by a run that ended, ends in this run's switch."""
+    """A rebuild caught up while another run keeps the generation readers use, and goes on
+    writing it: switched now, readers would see rows older than they have seen, by up to
+    that run's batch. A continuous run was offered the generation instead (`offer_taken`),
+    which brings it to where its own stands, then switches readers; this waits for that
+    (HAND_OVER_WAIT_S at most). An offer declined (that run is of other code), not taken in
+    that time, or left by a run that ended, ends in this run's switch; so does the end of
+    a one-shot run, which takes no offer."""
     current = tables.current_generation(name)
-    log.info(f"{name}: generation {generation} has caught up; another run keeps generation {current} up, which readers use: "
-             f"it is offered to that run, which brings it to where its own stands, then switches readers")  # fmt: skip
+    offered = tables.offered(name) == generation
+    if offered:
+        log.info(f"{name}: generation {generation} has caught up; another run keeps generation {current} up, which readers use: "
+                 f"it is offered to that run, which brings it to where its own stands, then switches readers")  # fmt: skip
+    else:
+        log.info(f"{name}: generation {generation} has caught up; a one-shot run writes generation {current}, which readers "
+                 f"use: they move once it has ended")  # fmt: skip
     deadline = time.monotonic() + HAND_OVER_WAIT_S
     lock = tables.run_lock(name, generation)
     while not stop.asked.is_set() and time.monotonic() < deadline:
         if (tables.current_generation(name) or 0) >= generation:
             log.info(f"{name}: readers now use generation {generation}, switched by the run that took it over")
             return summary
-        if tables.offered(name) != generation and lock.keeper() is None:
+        if offered and tables.offered(name) != generation and lock.keeper() is None:
             break  # declined, or taken by a run that ended since
+        if not offered and _readers_keeper(tables, name) is None:
+            break  # the one-shot run ended: nothing writes behind readers' backs now
         stop.asked.wait(HAND_OVER_POLL_S)
     tables.withdraw(name, generation)
     if stop.asked.is_set():
@@ -343,6 +352,8 @@ def _keep(
         return summary
     if stop.asked.is_set():
         return summary
+    if continuous:  # a rebuild beside it offers it the generation it builds (`_hand_over`)
+        held.lock.takes_offers()
     for key, value in DELTA_CONF.items():
         spark.conf.set(key, value)
     spark.conf.set("spark.sql.streaming.stopTimeout", str(int(QUERY_STOP_TIMEOUT_S * 1000)))
@@ -607,8 +618,10 @@ def _keep(
     summary.caught_up = not stopped or (query.lastProgress is not None and not any(summary.lag.values()))
     if not summary.caught_up:
         return summary  # readers stay on the generation they use
-    if held.building and not continuous and _kept_by_another_run(tables, name):
-        tables.offer(name, generation)  # the switch is left to that run (`run` waits for it: _hand_over)
+    keeper = _readers_keeper(tables, name) if held.building and not continuous else None
+    if keeper is not None:  # the switch waits for that run (`run`: _hand_over)
+        if keeper.takes_offers:
+            tables.offer(name, generation)
         summary.handed_over = True
         return summary
     if held.building:
