@@ -70,6 +70,9 @@ VACUUM_EVERY_S = 3600.0  # a continuous run removes unreferenced files this ofte
 # time over 1,000,000 events, docs/benchmarks.md.)
 REBUILD_BESIDE_BATCH_MAX = 500_000
 RETIRE_EVERY_S = 60.0  # and looks this often for generations readers left long enough ago
+# What fails a batch's job at an event of another schema version than the code's, the
+# events applied before their versions were counted (`_keep`).
+VERSIONS_GUARD = "esk: an event of another schema version than this code's: its batch is applied again, its versions counted first"
 # How long a rebuild waits for the run that keeps readers' generation to take over the one it
 # built and switch readers (`_hand_over`): that run notices at its next look (POLL_S), and
 # stops between batches.
@@ -414,14 +417,71 @@ def _keep(
                 raise BatchInterrupted(INTERRUPTED_BY_STOP)
             merge_in(records, batch_id)
 
+    # A batch's events are decoded once, in the read model's own job, while none of another
+    # schema version than the code's turns up (`_versions_guard`, which fails the job at
+    # one): a batch that holds one is applied again with its versions counted first (its
+    # older rows upcast, its newer ones refused), and so is every later batch of the run.
+    # Counting them first costs a decode of the batch's every record more (docs/benchmarks.md).
+    guard = _versions_guard(older, newer)
+    versions_seen = threading.Event()
+
     def merge_in(records: DataFrame, batch_id: int) -> None:
         started = time.perf_counter()
         # The batch's Kafka records are cached as read, and decoded on each use: the Kafka
         # read runs once a batch, and a cache of the raw values costs next to nothing to
         # build, where one of the decoded rows cost more than the read and the decoding
-        # together (docs/benchmarks.md). A batch with rows of an older schema version is
-        # cached once more, upcast, so the upcasting UDF runs once a batch.
+        # together (docs/benchmarks.md).
         kept = records.persist()
+        try:
+            if parked or versions_seen.is_set():
+                count, rows = counted_first(kept, batch_id)
+            else:
+                count, rows = guarded(kept, batch_id)
+            if (batch_id + 1) % COMPACT_EVERY == 0:
+                _compact(str(path))
+        finally:
+            kept.unpersist()
+        summary.batches += 1
+        summary.events += count
+        summary.rows += rows
+        log.info(
+            f"{name} g{generation} batch {batch_id}: {count:,} events, {rows:,} rows written in {time.perf_counter() - started:.2f}s"
+        )
+
+    def writer_for(batch_id: int, count: int) -> BatchWriter:
+        on_driver = count <= settings.projections.driver_write_max_events
+        return BatchWriter(spark, app_id, batch_id, str(path), on_driver, schema, count)
+
+    def guarded(kept: DataFrame, batch_id: int) -> tuple[int, int]:
+        """The batch's events (its records counted undecoded) applied under the guard; once
+        more, counted first, when the guard or an event fails it (`counted_first` parks)."""
+        count = kept.count()
+        if not count:
+            return 0, 0
+        writer = writer_for(batch_id, count)
+        try:
+            # Spark's lines about the failed tasks (a stack trace each) are not written: a
+            # guard that fails the job is no error, and an event's failure is told in full
+            # as the batch fails again, counted first.
+            with task_failures_untold(spark):
+                return count, apply(decode(kept).filter(guard), writer)
+        except Exception as error:
+            tripped = VERSIONS_GUARD in str(error)
+            if writer.written or stopping() or not (tripped or _an_events_failure(error)):
+                raise
+            if tripped:
+                log.info(f"{name} g{generation} batch {batch_id} holds events of another schema version than this code's: "
+                         f"from now on this run counts each batch's versions first")  # fmt: skip
+                versions_seen.set()
+        finally:
+            writer.release()
+        return counted_first(kept, batch_id)
+
+    def counted_first(kept: DataFrame, batch_id: int) -> tuple[int, int]:
+        """The batch's events counted first, with those of an older and a newer schema version:
+        a batch with older ones is cached once more, upcast, so the upcasting UDF runs once a
+        batch; one with newer ones is refused. An event that fails the read model parks its
+        aggregate."""
         upcast_kept: DataFrame | None = None
         writer: BatchWriter | None = None
         try:
@@ -431,9 +491,7 @@ def _keep(
             count, stale, ahead = _counts(decoded, older, newer)
             if ahead:
                 refuse_newer(decoded, batch_id)
-            for_batch = partial(BatchWriter, spark, app_id, batch_id, str(path), count <= settings.projections.driver_write_max_events,
-                                schema, count)
-            writer = for_batch()
+            writer = writer_for(batch_id, count)
             try:
                 events = decoded
                 if stale:
@@ -441,7 +499,7 @@ def _keep(
                     upcast_kept.count()
                     events = upcast_kept
                     kept.unpersist()  # the upcast cache is built: it no longer needs this one
-                rows = apply(events, writer) if count else 0
+                return count, apply(events, writer) if count else 0
             except Exception as error:
                 if upcast_kept is not None and events is not upcast_kept:
                     # The upcasting failed as its cache was built. Spark would take that cache
@@ -453,22 +511,13 @@ def _keep(
                 events = upcast(decoded, settings, categories) if stale else decoded
                 newly = park(events, batch_id, writer, error)
                 writer.release()
-                writer = for_batch()
-                rows = apply(events.filter(~held_back(newly)), writer)
-            if (batch_id + 1) % COMPACT_EVERY == 0:
-                _compact(str(path))
+                writer = writer_for(batch_id, count)
+                return count, apply(events.filter(~held_back(newly)), writer)
         finally:
-            kept.unpersist()
             if upcast_kept is not None:
                 upcast_kept.unpersist()
             if writer is not None:
                 writer.release()
-        summary.batches += 1
-        summary.events += count
-        summary.rows += rows
-        log.info(
-            f"{name} g{generation} batch {batch_id}: {count:,} events, {rows:,} rows written in {time.perf_counter() - started:.2f}s"
-        )
 
     def refuse_newer(events: DataFrame, batch_id: int) -> None:
         """A batch with events newer than this code fails, and nothing of it is written:
@@ -1411,6 +1460,13 @@ def _compact(path: str) -> None:
     from deltalake import DeltaTable
 
     DeltaTable(path).optimize.compact()
+
+
+def _versions_guard(older: Column | None, newer: Column) -> Column:
+    """A filter true on every event of the code's own schema version, that fails the job at
+    one of an older or a newer version (VERSIONS_GUARD in its error)."""
+    other = newer if older is None else older | newer
+    return F.when(other, F.raise_error(F.lit(VERSIONS_GUARD))).otherwise(F.lit(True))
 
 
 def _counts(events: DataFrame, older: Column | None, newer: Column) -> tuple[int, int, int]:

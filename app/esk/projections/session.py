@@ -158,8 +158,10 @@ _UNTOLD = _Untold()
 def task_failures_untold(spark: SparkSession) -> Iterator[None]:
     """Spark's lines about failed tasks (TASK_FAILURE_LOGGERS) are not written while inside:
     a read model's probes for a failed batch's event fail a job each on purpose, a hundred
-    lines each, after the batch's own failure has been told in full. The loggers are the
-    JVM's: another read model's task that fails meanwhile is told by its query's failure."""
+    lines each, after the batch's own failure has been told in full; a batch's first
+    attempt fails its job on purpose at an event of another schema version (the runner's
+    versions guard). The loggers are the JVM's: another read model's task that fails
+    meanwhile is told by its query's failure, or by its batch's next attempt."""
     jvm: Any = spark.sparkContext._jvm
     log4j = jvm.org.apache.logging.log4j
     with _UNTOLD.lock:
