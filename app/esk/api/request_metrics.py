@@ -6,22 +6,16 @@ from __future__ import annotations
 
 import time
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from ..metrics import HTTP_REQUEST_SECONDS, HTTP_REQUESTS
-from .route import route_of
+from .route import RequestWatcher, route_of
 
 UNROUTED = "unrouted"
 
 
-class RequestMetrics:
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+class RequestMetrics(RequestWatcher):
+    async def watch(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
         status = 500  # what the server answers when the app fails before it starts an answer
 

@@ -10,20 +10,14 @@ route and the status is all the API has to say.
 from __future__ import annotations
 
 from opentelemetry.trace import SpanKind, StatusCode
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from .. import tracing
-from .route import route_of
+from .route import RequestWatcher, route_of
 
 
-class TracingMiddleware:
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+class TracingMiddleware(RequestWatcher):
+    async def watch(self, scope: Scope, receive: Receive, send: Send) -> None:
         method = scope["method"]
         with tracing.TRACER.start_as_current_span(
             method,  # renamed to "<method> <route>" once the route is known
