@@ -375,6 +375,8 @@ async def test_requests_are_counted_and_timed_by_route_template(settings: Settin
         assert (await c.head(f"/v1/accounts/{account}")).status_code == 200
         assert (await c.get("/v1/commands/no%2Fsuch")).status_code == 404
         assert (await c.get(f"/v2/accounts/{account}")).status_code == 404
+        for method in ("PROPFIND", "MKCOL"):  # methods the server knows, the API not: one series, not one each
+            assert (await c.request(method, f"/v3/{method}")).status_code == 404
         metrics = (await c.get("/metrics")).text
         after = _requests(metrics)
         added = {key: n - before.get(key, 0) for key, n in after.items() if n != before.get(key, 0)}
@@ -384,6 +386,7 @@ async def test_requests_are_counted_and_timed_by_route_template(settings: Settin
             ("HEAD", "/v1/{type_name}/{id}", "200"): 1,
             ("GET", "/v1/commands/{command_id}", "404"): 1,
             ("GET", "unrouted", "404"): 1,
+            ("other", "unrouted", "404"): 2,
             ("GET", "/metrics", "200"): 1,  # the read before
         }
         timed = [

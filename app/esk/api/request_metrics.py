@@ -12,6 +12,10 @@ from ..metrics import HTTP_REQUEST_SECONDS, HTTP_REQUESTS
 from .route import RequestWatcher, route_of
 
 UNROUTED = "unrouted"
+# The server takes methods the API has no route for (WebDAV's, and more): one of those is
+# counted under OTHER, so that a client cannot add series at will.
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+OTHER = "other"
 
 
 class RequestMetrics(RequestWatcher):
@@ -28,6 +32,7 @@ class RequestMetrics(RequestWatcher):
         try:
             await self.app(scope, receive, send_counted)
         finally:
-            method, route = scope["method"], route_of(scope) or UNROUTED
+            method = scope["method"] if scope["method"] in METHODS else OTHER
+            route = route_of(scope) or UNROUTED
             HTTP_REQUESTS.labels(method, route, str(status)).inc()
             HTTP_REQUEST_SECONDS.labels(method, route).observe(time.perf_counter() - started)
