@@ -466,8 +466,10 @@ def _keep(
             with task_failures_untold(spark):
                 return count, apply(decode(kept).filter(guard), writer)
         except Exception as error:
+            # Applied again as a batch run again after a crash is: a step the first attempt
+            # wrote (its job met no event of another version) is not written twice.
             tripped = VERSIONS_GUARD in str(error)
-            if writer.written or stopping() or not (tripped or _an_events_failure(error)):
+            if stopping() or not (tripped or _an_events_failure(error)):
                 raise
             if tripped:
                 log.info(f"{name} g{generation} batch {batch_id} holds events of another schema version than this code's: "
