@@ -354,13 +354,13 @@ async def test_openapi_health_and_metrics(settings: Settings) -> None:
         assert (await c.get("/docs")).status_code == 200
 
 
-def _requests(metrics: str) -> dict[tuple[str, str, str], float]:
-    """`esk_http_requests_total` by (method, route, status), from /metrics' text."""
+def _samples(metrics: str, name: str) -> dict[tuple[str, ...], float]:
+    """The samples of `name` in /metrics' text, by their label values (in label order)."""
     return {
-        (sample.labels["method"], sample.labels["route"], sample.labels["status"]): sample.value
+        tuple(sample.labels.values()): sample.value
         for family in text_string_to_metric_families(metrics)
         for sample in family.samples
-        if sample.name == "esk_http_requests_total"
+        if sample.name == name
     }
 
 
@@ -370,7 +370,7 @@ async def test_requests_are_counted_and_timed_by_route_template(settings: Settin
     under `unrouted`; and times each."""
     async with system(settings) as s:
         c, account = s.client, new_id()
-        before = _requests((await c.get("/metrics")).text)
+        before = _samples((await c.get("/metrics")).text, "esk_http_requests_total")  # by (method, route, status)
         await open_account(c, account, deposit=5)
         assert (await c.head(f"/v1/accounts/{account}")).status_code == 200
         assert (await c.get("/v1/commands/no%2Fsuch")).status_code == 404
@@ -378,7 +378,7 @@ async def test_requests_are_counted_and_timed_by_route_template(settings: Settin
         for method in ("PROPFIND", "MKCOL"):  # methods the server knows, the API not: one series, not one each
             assert (await c.request(method, f"/v3/{method}")).status_code == 404
         metrics = (await c.get("/metrics")).text
-        after = _requests(metrics)
+        after = _samples(metrics, "esk_http_requests_total")
         added = {key: n - before.get(key, 0) for key, n in after.items() if n != before.get(key, 0)}
         assert added == {
             ("POST", "/v1/accounts/{id}/open", "200"): 1,
@@ -389,13 +389,7 @@ async def test_requests_are_counted_and_timed_by_route_template(settings: Settin
             ("other", "unrouted", "404"): 2,
             ("GET", "/metrics", "200"): 1,  # the read before
         }
-        timed = [
-            sample.value
-            for family in text_string_to_metric_families(metrics)
-            for sample in family.samples
-            if sample.name == "esk_http_request_seconds_count" and sample.labels["route"] == "/v1/accounts/{id}/deposit"
-        ]
-        assert timed and timed[0] >= 1
+        assert _samples(metrics, "esk_http_request_seconds_count")[("POST", "/v1/accounts/{id}/deposit")] >= 1
 
 
 @pytest.mark.parametrize(
