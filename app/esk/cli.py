@@ -7,10 +7,11 @@ import contextlib
 import importlib.util
 import logging
 import os
+import re
 import signal
 import sys
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
@@ -500,9 +501,12 @@ def sql(
     settings = load_settings()
     if output not in ("table", "csv", "json"):
         raise fail("--format must be table, csv or json")
+    known = list(read_models(settings))
+    if not known:  # before Spark's start: seconds to tell nothing can be found
+        raise fail(f"no read models to query: ESK_READ_MODELS={settings.read_models} names none (from {Path.cwd()})")
     spark = spark_session(settings, "esk-sql")
     tables = Tables(settings.projections.warehouse_dir)
-    for name in read_models(settings):
+    for name in named_in(query, known):
         path = tables.current_path(name)
         if path is not None:
             spark.read.format("delta").load(str(path)).createOrReplaceTempView(name)
@@ -510,8 +514,18 @@ def sql(
         frame = spark.sql(query).limit(limit)
         rows = frame.collect()
     except Exception as error:  # Spark's analysis errors name the missing table or column
-        raise fail(str(error).splitlines()[0]) from None
+        told = str(error).splitlines()[0]
+        if "TABLE_OR_VIEW_NOT_FOUND" in told:
+            told += f" (the read models: {', '.join(sorted(known))}; one never run has no table yet)"
+        raise fail(told) from None
     print_rows(frame.columns, [list(r) for r in rows], output)
+
+
+def named_in(query: str, names: Iterable[str]) -> list[str]:
+    """The `names` a query names, as a word in any case (Spark's names are not case
+    sensitive): only their tables are loaded, as loading one reads its Delta log (seconds
+    for a table a continuous run has committed to for long)."""
+    return [name for name in names if re.search(rf"(?<![\w$]){re.escape(name)}(?![\w$])", query, re.IGNORECASE)]
 
 
 def dev_read_models(settings: Settings) -> list[str]:
