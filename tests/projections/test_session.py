@@ -68,9 +68,12 @@ def test_spark_s_catalog_folder_is_made_in_the_warehouse_not_where_esk_runs(tmp_
 
 DRIVER_LOGS = """
 import os
+from esk.logs import configure_logging
 from esk.projections.session import spark_session
 from esk.settings import Settings
-spark = spark_session(Settings(_env_file=None), "esk-tests-log-format")
+settings = Settings(_env_file=None)
+configure_logging(settings.log_level, settings.log_format)  # as esk's commands do
+spark = spark_session(settings, "esk-tests-log-format")
 spark.sparkContext._jvm.org.apache.logging.log4j.LogManager.getLogger("esk.tests").warn("one line from the driver")
 spark.stop()
 """
@@ -82,13 +85,15 @@ def test_the_driver_s_log_lines_follow_the_log_format(log_format: str, tmp_path:
     env |= {"ESK_LOG_FORMAT": log_format, "ESK_PROJECTIONS__WAREHOUSE_DIR": str(tmp_path)}
     ran = subprocess.run([sys.executable, "-c", DRIVER_LOGS], env=env, capture_output=True, text=True, timeout=180, cwd=tmp_path)
     assert ran.returncode == 0, ran.stderr
-    # The JVM's own notice of its incubator module comes before any logging.
-    lines = [line for line in ran.stderr.splitlines() if line.strip() and not line.startswith("WARNING: Using incubator modules")]
+    lines = [line for line in ran.stderr.splitlines() if line.strip()]
     ours = [line for line in lines if "one line from the driver" in line]
     assert len(ours) == 1, ran.stderr
     if log_format == "json":
         said = [json.loads(line) for line in lines]  # every line one JSON object
         [line] = [s for s in said if s["message"] == "one line from the driver"]
         assert (line["level"], line["logger"]) == ("WARN", "esk.tests") and line["timestamp"], line
+        # the JVM's own notice of the incubator module Spark adds, written around log4j
+        [notice] = [s for s in said if "Using incubator modules" in s["message"]]
+        assert notice["logger"] == "esk.spark.driver", notice
     else:
         assert re.fullmatch(r"\d\d/\d\d/\d\d \d\d:\d\d:\d\d WARN tests: one line from the driver", ours[0]), ours

@@ -7,14 +7,16 @@ import logging
 import os
 import re
 import shlex
+import subprocess
 import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pyspark
+from pyspark import SparkConf, SparkContext
 from pyspark.logger import PySparkLogger
 from pyspark.sql import SparkSession
 
@@ -81,23 +83,23 @@ def spark_session(settings: Settings, app_name: str = "esk", archive_to: Path | 
     writes one to `archive_to` as it exits (esk.projections.class_archive)."""
     p = settings.projections
     jars = extra_jars(p.jars_dir)
-    builder = (
-        SparkSession.builder.appName(app_name)
-        .config("spark.jars", ",".join(str(j) for j in jars))
-        .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
-        .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
-        .config("spark.sql.shuffle.partitions", str(p.shuffle_partitions))
-        .config("spark.driver.memory", p.driver_memory)
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.session.timeZone", "UTC")
+    conf: dict[str, str] = {
+        "spark.app.name": app_name,
+        "spark.jars": ",".join(str(j) for j in jars),
+        "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+        "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+        "spark.sql.shuffle.partitions": str(p.shuffle_partitions),
+        "spark.driver.memory": p.driver_memory,
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.session.timeZone": "UTC",
         # Spark makes its catalog's folder at the first catalog access, by default in the
         # working directory (which a container may have read-only); esk's tables are
         # addressed by path, so that folder stays empty, beside them.
-        .config("spark.sql.warehouse.dir", str(Path(p.warehouse_dir).absolute() / "_spark"))
-        .config("spark.sql.streaming.stopGracefullyOnShutdown", "true")
-        .config(map=CACHE_WITHOUT_CLONES)
-    )
+        "spark.sql.warehouse.dir": str(Path(p.warehouse_dir).absolute() / "_spark"),
+        "spark.sql.streaming.stopGracefullyOnShutdown": "true",
+        **{key: str(value).lower() for key, value in CACHE_WITHOUT_CLONES.items()},
+    }
     if not _submitted():
         # Local mode: the Python workers run the domain's upcasters, so they use this
         # interpreter (and its packages), not whatever `python3` is first on PATH.
@@ -112,12 +114,14 @@ def spark_session(settings: Settings, app_name: str = "esk", archive_to: Path | 
                 # first: the JVM takes the last of two -D, and the user's options come after
                 configs = [LOG_CONFIG, LOG_CONFIG_JSON] if settings.log_format == "json" else [LOG_CONFIG]
                 java_options.insert(0, shlex.quote(f"-Dlog4j2.configurationFile={','.join(map(str, configs))}"))
-        builder = (
-            builder.master(p.spark_master)
-            .config("spark.pyspark.python", sys.executable)
-            .config("spark.driver.extraJavaOptions", " ".join(java_options).strip())
-        )
-    spark = builder.getOrCreate()
+        conf |= {
+            "spark.master": p.spark_master,
+            "spark.pyspark.python": sys.executable,
+            "spark.driver.extraJavaOptions": " ".join(java_options).strip(),
+        }
+        if settings.log_format == "json" and SparkContext._active_spark_context is None:
+            _driver_told_as_json(conf)
+    spark = SparkSession.builder.config(map=dict(conf)).getOrCreate()
     _quiet_query_context_logs()
     spark.sparkContext.setLogLevel("WARN")
     _quiet(spark)
@@ -185,6 +189,30 @@ def _class_sharing(jars: list[Path], archive_to: Path | None) -> list[str]:
     archive's path is the cache's, which may hold one."""
     options = [f"-XX:ArchiveClassesAtExit={archive_to}"] if archive_to is not None else sharing_options(jars)
     return [shlex.quote(option) for option in options]
+
+
+def _driver_told_as_json(conf: dict[str, str]) -> None:
+    """Starts the local driver's JVM with its stderr read here, a line at a time: log4j's
+    lines are JSON already (LOG_CONFIG_JSON), and what the JVM writes around log4j (its
+    notice of the incubator module Spark's launcher adds, at every start; a trace printed
+    to System.err) goes on as a JSON log line of its own, so that JSON is all a log
+    pipeline gets."""
+    from pyspark.java_gateway import launch_gateway
+
+    spark_conf = SparkConf(loadDefaults=False).setAll(list(conf.items()))
+    gateway = launch_gateway(spark_conf, {"stderr": subprocess.PIPE})  # type: ignore[no-untyped-call]
+    threading.Thread(target=_as_json_lines, args=(gateway.proc.stderr,), name="esk-driver-stderr", daemon=True).start()
+    SparkContext(conf=spark_conf, gateway=gateway)  # the builder's getOrCreate takes it up
+
+
+def _as_json_lines(stream: IO[bytes]) -> None:
+    log = logging.getLogger("esk.spark.driver")
+    for line in iter(stream.readline, b""):
+        text = line.decode(errors="replace").rstrip()
+        if text.startswith("{"):
+            sys.stderr.write(text + "\n")
+        elif text:
+            log.warning(text)
 
 
 def _submitted() -> bool:
