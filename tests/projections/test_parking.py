@@ -137,6 +137,21 @@ READ_MODELS = [
 [LUCKY] = READ_MODELS
 
 
+def _lucky_adds(events: DataFrame, writer: esk.BatchWriter) -> int:
+    """Each addition a row, 13 refused: Spark raises in the stage that writes the rows (no
+    shuffle before it), where a failed task aborts its write."""
+    n = esk.payload(counters, Added)["n"]
+    refused = F.when(n == UNLUCKY, F.raise_error(F.lit("13 is not a number this read model takes")))
+    rows = events.filter(esk.is_event(counters, Added)).select(F.col("event_id"), F.coalesce(refused, n).alias("n"))
+    return writer.append(rows)
+
+
+# ESK_READ_MODELS=tests.projections.test_parking:WRITE_STAGE_READ_MODELS
+WRITE_STAGE_READ_MODELS = [
+    esk.Projection(esk.ReadModel("lucky_adds", (counters,), "each addition, 13s refused"), "event_id STRING, n BIGINT", _lucky_adds)
+]
+
+
 def _counters_settings(settings: Settings, tmp_path: Path, **projections: object) -> Settings:
     return counters_settings(settings, tmp_path, f"{__name__}:READ_MODELS", **projections)
 
@@ -359,23 +374,28 @@ async def test_events_failing_the_read_model_in_two_ways_in_one_batch_each_park_
 
 @pytest.mark.kafka
 @pytest.mark.spark
-async def test_an_operator_reads_a_batchs_failure_once_not_each_probe_of_it(settings: Settings, tmp_path: Path) -> None:
+@pytest.mark.parametrize("read_model", ["lucky_totals", "lucky_adds"], ids=["fails-before-a-shuffle", "fails-as-it-writes"])
+async def test_an_operator_reads_a_batchs_failure_once_not_each_probe_of_it(settings: Settings, tmp_path: Path, read_model: str) -> None:
     """`esk project run` as its own process, as an operator runs it: Spark tells the batch's
     failed task once, with its stack trace, and esk what it parked; the probes that find the
-    event (a failed job each) add nothing to the log."""
+    event (a failed job each, a write aborted each when the rows fail as they are written)
+    add nothing to the log."""
     settings = _counters_settings(settings, tmp_path)
+    modules = {"lucky_adds": f"{__name__}:WRITE_STAGE_READ_MODELS"}
     async with system(settings) as s:
         for counter, command, body in (("c1", "start", {}), ("c2", "start", {}), ("c1", "add", {"n": 2}), ("c2", "add", {"n": UNLUCKY})):
             assert (await s.client.post(f"/v1/counters/{counter}/{command}", json=body)).status_code == 200
         done = await asyncio.to_thread(
-            subprocess.run, [sys.executable, "-m", "esk", "project", "run", "lucky_totals"],
-            env=esk_env(settings), cwd=tmp_path, capture_output=True, text=True, timeout=180,
+            subprocess.run, [sys.executable, "-m", "esk", "project", "run", read_model],
+            env=esk_env(settings, **({"ESK_READ_MODELS": modules[read_model]} if read_model in modules else {})),
+            cwd=tmp_path, capture_output=True, text=True, timeout=180,
         )
     assert done.returncode == 0, done.stderr
     assert "parked counters 'c2': its Added at partition" in done.stderr
     # the batch's own failure, not the probes' (several: the event is found by bisection)
     assert done.stderr.count("Exception in task") == 1, done.stderr
     assert done.stderr.count("13 is not a number this read model takes") <= 4, done.stderr
+    assert "Aborting task" not in done.stderr and "Aborting commit" not in done.stderr, done.stderr
 
 
 @pytest.mark.kafka

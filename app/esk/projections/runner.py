@@ -605,7 +605,7 @@ def _keep(
                 probe.release()
             return None
 
-        with task_failures_untold(spark):
+        with task_failures_untold(spark, writes=True):
             newly = find_parked(events, batch_id, fails, parked)
         if not newly:
             if stopping():

@@ -48,11 +48,16 @@ _NOISE = (
 )
 _QUIET_SET = "esk.quiet"
 # What Spark logs of a job that fails computing rows: the executor's ERROR and the
-# scheduler's WARN, a stack trace each, the scheduler's ERROR that the job aborts, and a
-# noop write's two ERRORs that it aborts (the write a read model's probes end in).
+# scheduler's WARN, a stack trace each, and the scheduler's ERROR that the job aborts.
 TASK_FAILURE_LOGGERS = (
     "org.apache.spark.executor.Executor",
     "org.apache.spark.scheduler.TaskSetManager",
+)
+# And of a write that a failing task aborts: the task's ERROR (a stack trace) and a noop
+# write's ERRORs that it aborts its commit and its job (the write a read model's probes end in).
+WRITE_ABORT_LOGGERS = (
+    "org.apache.spark.util.Utils",
+    "org.apache.spark.sql.execution.datasources.v2.DataWritingSparkTask",
     "org.apache.spark.sql.execution.datasources.v2.OverwriteByExpressionExec",
 )
 # Spark's default log profile writes, at every start of a local driver, lines that tell a
@@ -146,12 +151,12 @@ def _quiet(spark: SparkSession) -> None:
 
 
 class _Untold:
-    """How many threads of this process are inside `task_failures_untold`, and the levels
-    the loggers had before the first went in."""
+    """How many threads of this process keep each logger off (`task_failures_untold`), and
+    the level each had before the first did."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.inside = 0
+        self.inside: dict[str, int] = {}
         self.levels: dict[str, Any] = {}
 
 
@@ -159,29 +164,31 @@ _UNTOLD = _Untold()
 
 
 @contextmanager
-def task_failures_untold(spark: SparkSession) -> Iterator[None]:
-    """Spark's lines about failed tasks (TASK_FAILURE_LOGGERS) are not written while inside:
-    a read model's probes for a failed batch's event fail a job each on purpose, a hundred
-    lines each, after the batch's own failure has been told in full; a batch's first
-    attempt fails its job on purpose at an event of another schema version (the runner's
-    versions guard). The loggers are the JVM's: another read model's task that fails
-    meanwhile is told by its query's failure, or by its batch's next attempt."""
+def task_failures_untold(spark: SparkSession, writes: bool = False) -> Iterator[None]:
+    """Spark's lines about failed tasks (TASK_FAILURE_LOGGERS; with `writes`, about the
+    writes they abort as well) are not written while inside: a read model's probes for a
+    failed batch's event fail a job each on purpose, a hundred lines each, after the
+    batch's own failure has been told in full; a batch's first attempt fails its job on
+    purpose at an event of another schema version (the runner's versions guard). The
+    loggers are the JVM's: another read model's task that fails meanwhile is told by its
+    query's failure, or by its batch's next attempt."""
     jvm: Any = spark.sparkContext._jvm
     log4j = jvm.org.apache.logging.log4j
+    names = TASK_FAILURE_LOGGERS + (WRITE_ABORT_LOGGERS if writes else ())
     with _UNTOLD.lock:
-        if _UNTOLD.inside == 0:
-            _UNTOLD.levels = {name: log4j.LogManager.getLogger(name).getLevel() for name in TASK_FAILURE_LOGGERS}
-            for name in TASK_FAILURE_LOGGERS:
+        for name in names:
+            if not _UNTOLD.inside.get(name):
+                _UNTOLD.levels[name] = log4j.LogManager.getLogger(name).getLevel()
                 log4j.core.config.Configurator.setLevel(name, log4j.Level.OFF)
-        _UNTOLD.inside += 1
+            _UNTOLD.inside[name] = _UNTOLD.inside.get(name, 0) + 1
     try:
         yield
     finally:
         with _UNTOLD.lock:
-            _UNTOLD.inside -= 1
-            if _UNTOLD.inside == 0:
-                for name, level in _UNTOLD.levels.items():
-                    log4j.core.config.Configurator.setLevel(name, level)
+            for name in names:
+                _UNTOLD.inside[name] -= 1
+                if not _UNTOLD.inside[name]:
+                    log4j.core.config.Configurator.setLevel(name, _UNTOLD.levels.pop(name))
 
 
 def _class_sharing(jars: list[Path], archive_to: Path | None) -> list[str]:
