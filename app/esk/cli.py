@@ -11,6 +11,7 @@ import re
 import signal
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Coroutine, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
@@ -878,17 +879,20 @@ def subscriptions_retry(name: NameArgument, aggregate: AggregateOption = None, b
 
 @subscriptions_cli.command("skip")
 def subscriptions_skip(name: NameArgument, aggregate: AggregateOption = None, by: ByOption = None) -> None:
-    """Drop the parked events (of one aggregate, or all), recording who skipped them and when."""
+    """Drop the event each aggregate's parked events wait behind (its handler failed, or it did
+    not decode), and handle those again, in order; who skipped it and when is recorded."""
     report = _operate(name, lambda operations: operations.skip(aggregate, by or _os_user()))
     _print_resolved(name, "skipped", report)
 
 
 def _print_resolved(name: str, done: str, report: Any) -> None:
     for event in report.handled:
-        console.print(f"{done} {event.aggregate_id} {event.event_type or '?'} at {event.position}", highlight=False)
+        console.print(f"{event.status} {event.aggregate_id} {event.event_type or '?'} at {event.position}", highlight=False)
     for event in report.still_parked:
         console.print(f"still parked {event.aggregate_id} {event.event_type or '?'} at {event.position}: {escape(event.reason)}", highlight=False, soft_wrap=True)
-    console.print(f"{name}: {len(report.handled)} {done}, {len(report.still_parked)} still parked", highlight=False)
+    counts = Counter(str(event.status) for event in report.handled) or Counter({done: 0})
+    told = ", ".join(f"{n} {status}" for status, n in sorted(counts.items(), key=lambda item: item[0] != done))
+    console.print(f"{name}: {told}, {len(report.still_parked)} still parked", highlight=False)
     if report.still_parked:
         raise typer.Exit(code=1)
 

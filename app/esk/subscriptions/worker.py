@@ -343,13 +343,22 @@ async def resolve_parked(
     unit: Unit, router: Router, parked: Sequence[ParkedEvent], status: ParkStatus, by: str
 ) -> tuple[list[ParkedEvent], list[ParkedEvent]]:
     """An aggregate's parked events, in order, in `unit`: handled again with today's code
-    (RETRIED), the first that fails again staying parked and the later ones with it, or
-    dropped (SKIPPED). Returns those resolved and those still parked."""
+    (RETRIED), the first that fails again staying parked and the later ones with it. With
+    SKIPPED, the one parked for what it is (its handler failed, it did not decode) is
+    dropped, and those parked only to wait behind it are handled again as a retry's are:
+    skipping a poison event drops nothing else. Returns those resolved and those still
+    parked."""
     resolved: list[ParkedEvent] = []
     still_parked: list[ParkedEvent] = []
+    to_skip = status is ParkStatus.SKIPPED
     for event in parked:
         reason = None
-        if not still_parked and status is ParkStatus.RETRIED:
+        if to_skip and not event.reason.startswith(WAITS_BEHIND):
+            to_skip = False
+            resolved.append(event.resolved(ParkStatus.SKIPPED, by))
+            await unit.park(resolved[-1])
+            continue
+        if not still_parked:
             reason = await _handle_again(unit, router, event)
         if reason is not None:
             event = event.failed_again(reason, 1)
@@ -357,7 +366,7 @@ async def resolve_parked(
         if reason is not None or still_parked:
             still_parked.append(event)
         else:
-            resolved.append(event.resolved(status, by))
+            resolved.append(event.resolved(ParkStatus.RETRIED, by))
             await unit.park(resolved[-1])
     return resolved, still_parked
 
