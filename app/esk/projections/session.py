@@ -30,7 +30,7 @@ from .class_archive import sharing_options
 # session a batch until its driver ran out of memory (docs/benchmarks.md). Off, the cache
 # is built in the session itself. Neither changes a plan of esk's: no table is bucketed,
 # and adaptive execution is off in a streaming query's batches.
-CACHE_WITHOUT_CLONES: dict[str, str | int | float | bool | None] = {
+CACHE_WITHOUT_CLONES: dict[str, str] = {
     "spark.sql.sources.bucketing.autoBucketedScan.enabled": "false",
     "spark.sql.adaptive.applyFinalStageShuffleOptimizations": "false",
 }
@@ -103,7 +103,7 @@ def spark_session(settings: Settings, app_name: str = "esk", archive_to: Path | 
         # addressed by path, so that folder stays empty, beside them.
         "spark.sql.warehouse.dir": str(Path(p.warehouse_dir).absolute() / "_spark"),
         "spark.sql.streaming.stopGracefullyOnShutdown": "true",
-        **{key: str(value).lower() for key, value in CACHE_WITHOUT_CLONES.items()},
+        **CACHE_WITHOUT_CLONES,
     }
     if not _submitted():
         # Local mode: the Python workers run the domain's upcasters, so they use this
