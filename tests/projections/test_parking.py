@@ -97,6 +97,7 @@ from esk.projections.catalog import Tables  # noqa: E402
 from esk.projections.positions import Position  # noqa: E402
 from esk.projections.reader import ReadModelNotBuilt, ReadModelRows  # noqa: E402
 from esk.projections.runner import EventsNewerThanCode, RunFailed, StopRequest, run, run_several  # noqa: E402
+from esk.projections.session import QUERY_FAILURE_LOGGER  # noqa: E402
 from esk.settings import Settings  # noqa: E402
 from tests.counters import Added, counters  # noqa: E402
 from tests.projections.settings import counters_settings  # noqa: E402
@@ -507,6 +508,9 @@ async def test_events_newer_than_the_read_models_code_are_not_written_until_code
     told = f"batch 0 holds events newer than this code knows (a schema version, or a type): {NEWER_ADDED}"
     with pytest.raises(EventsNewerThanCode, match=re.escape(told)):
         await asyncio.to_thread(run, settings, LUCKY, spark=spark)
+    # Spark's logger of a query's failure, off while this one failed on purpose, is on again
+    log4j = spark.sparkContext._jvm.org.apache.logging.log4j  # type: ignore[union-attr]
+    assert str(log4j.LogManager.getLogger(QUERY_FAILURE_LOGGER).getLevel()) != "OFF"
     tables = Tables(settings.projections.warehouse_dir)
     assert tables.current_generation("lucky_totals") is None  # c1's first two events neither: they share the batch
 
@@ -522,6 +526,26 @@ async def test_events_newer_than_the_read_models_code_are_not_written_until_code
     summary = await asyncio.wait_for(continuous, 120)
     assert summary.batches == 0 and not summary.caught_up
     assert tables.current_generation("lucky_totals") is None
+
+
+@pytest.mark.kafka
+@pytest.mark.spark
+async def test_an_operator_reads_a_run_held_up_by_newer_events_in_a_line(settings: Settings, tmp_path: Path) -> None:
+    """`esk project run` as its own process: events newer than its code end it in a line,
+    a situation to act on (release the read models with the domain), not Spark's ERROR
+    that the query failed, with its traces."""
+    settings = _counters_settings(settings, tmp_path)
+    async with system(settings) as s:
+        for command, body in (("start", {}), ("add", {"n": 2})):
+            assert (await s.client.post(f"/v1/counters/c1/{command}", json=body)).status_code == 200
+        await _write_newer_added(settings, "c1", 3)
+    done = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-m", "esk", "project", "run", "lucky_totals"],
+        env=esk_env(settings), cwd=tmp_path, capture_output=True, text=True, timeout=180,
+    )
+    assert done.returncode == 1, done.stderr
+    assert "holds events newer than this code knows" in done.stderr.splitlines()[-1], done.stderr
+    assert "terminated with error" not in done.stderr and "Traceback" not in done.stderr, done.stderr
 
 
 @pytest.mark.kafka

@@ -45,7 +45,7 @@ from .catalog import BatchWriter, PlanCheck, PlanEnds, Probe, Projection, ReadMo
 from .events import decode, event_stream, newer_version, no_events, older_version, reading, upcast
 from .parking import Failure, ParkedAggregate, find_parked, held_back
 from .run_lock import GRACE_S, GenerationBusy, GenerationLock, Keeper
-from .session import spark_session, task_failures_untold
+from .session import QUERY_FAILURE_LOGGER, loggers_off, spark_session, task_failures_untold
 
 # Delta settings for many small writes on a few cores: Delta rebuilds a table's snapshot
 # state in 50 tasks by default, each a task to schedule whatever the table's size. (A MERGE
@@ -376,6 +376,7 @@ def _keep(
     older = older_version(settings, categories)
     newer = newer_version(settings, categories)
     newer_than_code: list[EventsNewerThanCode] = []  # told by the run, not inside Spark's error
+    told_elsewhere: list[Callable[[], None]] = []  # turns Spark's logger of the query's failure on again
     code_fails: list[ReadModelCodeFails] = []  # likewise: what the query's failure was
     parking = tables.parked(name, generation)
     parked = parking.load()
@@ -543,11 +544,16 @@ def _keep(
             f"{name} g{generation} batch {batch_id} holds events newer than this code knows (a schema version, "
             f"or a type): {told}"
         ))  # fmt: skip
+        # The query fails with it, on purpose: Spark's ERROR about that, traces and all, is
+        # not written (on again as the run stands still, once the query has ended).
+        told_elsewhere.append(loggers_off(spark, (QUERY_FAILURE_LOGGER,)))
         raise newer_than_code[-1]
 
     def stand_still(refused: EventsNewerThanCode) -> RunSummary:
         """A continuous run's: no query, until a stop (the next start, with the code that
         knows them, takes the batch from there); a one-shot run's failure."""
+        while told_elsewhere:
+            told_elsewhere.pop()()
         if not continuous:
             raise EventsNewerThanCode(f"{refused}: run it with the code that wrote them (the domain's release)") from None
         told_at = time.monotonic()

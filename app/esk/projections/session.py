@@ -10,7 +10,7 @@ import shlex
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
@@ -60,6 +60,9 @@ WRITE_ABORT_LOGGERS = (
     "org.apache.spark.sql.execution.datasources.v2.DataWritingSparkTask",
     "org.apache.spark.sql.execution.datasources.v2.OverwriteByExpressionExec",
 )
+# What Spark logs of a streaming query that its batch failed: an ERROR, the failure's traces
+# (the JVM's and the batch function's) with it.
+QUERY_FAILURE_LOGGER = "org.apache.spark.sql.execution.streaming.MicroBatchExecution"
 # Spark's default log profile writes, at every start of a local driver, lines that tell a
 # user nothing (package data, beside this module).
 LOG_CONFIG = Path(__file__).with_name("log4j2.properties")
@@ -172,23 +175,33 @@ def task_failures_untold(spark: SparkSession, writes: bool = False) -> Iterator[
     purpose at an event of another schema version (the runner's versions guard). The
     loggers are the JVM's: another read model's task that fails meanwhile is told by its
     query's failure, or by its batch's next attempt."""
+    turn_on = loggers_off(spark, TASK_FAILURE_LOGGERS + (WRITE_ABORT_LOGGERS if writes else ()))
+    try:
+        yield
+    finally:
+        turn_on()
+
+
+def loggers_off(spark: SparkSession, names: tuple[str, ...]) -> Callable[[], None]:
+    """Turns the driver's loggers `names` off, and returns what turns them back on: each is
+    on again once every thread that turned it off has done so."""
     jvm: Any = spark.sparkContext._jvm
     log4j = jvm.org.apache.logging.log4j
-    names = TASK_FAILURE_LOGGERS + (WRITE_ABORT_LOGGERS if writes else ())
     with _UNTOLD.lock:
         for name in names:
             if not _UNTOLD.inside.get(name):
                 _UNTOLD.levels[name] = log4j.LogManager.getLogger(name).getLevel()
                 log4j.core.config.Configurator.setLevel(name, log4j.Level.OFF)
             _UNTOLD.inside[name] = _UNTOLD.inside.get(name, 0) + 1
-    try:
-        yield
-    finally:
+
+    def turn_on() -> None:
         with _UNTOLD.lock:
             for name in names:
                 _UNTOLD.inside[name] -= 1
                 if not _UNTOLD.inside[name]:
                     log4j.core.config.Configurator.setLevel(name, _UNTOLD.levels.pop(name))
+
+    return turn_on
 
 
 def _class_sharing(jars: list[Path], archive_to: Path | None) -> list[str]:
