@@ -154,7 +154,7 @@ def _quiet(spark: SparkSession) -> None:
 
 
 class _Untold:
-    """How many threads of this process keep each logger off (`task_failures_untold`), and
+    """How many threads of this process keep each logger off (`loggers_off`), and
     the level each had before the first did."""
 
     def __init__(self) -> None:
