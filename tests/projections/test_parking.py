@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -93,11 +94,12 @@ from typer.testing import CliRunner  # noqa: E402
 import esk  # noqa: E402
 from esk.cli import cli  # noqa: E402
 from esk.kafka.client_options import client_options  # noqa: E402
+from esk.projections import runner  # noqa: E402
 from esk.projections.catalog import Tables  # noqa: E402
 from esk.projections.positions import Position  # noqa: E402
 from esk.projections.reader import ReadModelNotBuilt, ReadModelRows  # noqa: E402
 from esk.projections.runner import EventsNewerThanCode, RunFailed, StopRequest, run, run_several  # noqa: E402
-from esk.projections.session import QUERY_FAILURE_LOGGER  # noqa: E402
+from esk.projections.session import QUERY_FAILURE_LOGGER, loggers_off  # noqa: E402
 from esk.settings import Settings  # noqa: E402
 from tests.counters import Added, counters  # noqa: E402
 from tests.projections.settings import counters_settings  # noqa: E402
@@ -605,3 +607,38 @@ async def test_a_continuous_run_that_meets_newer_events_after_its_catch_up_stand
     assert totals() == {"c1": (2, 2)}  # not (2, 3): the v3 event's amount read as nothing
     assert summary.held_up and summary.lag == {}  # not its last batch's "lag 0": the batch refused is behind
     assert summary.caught_up  # its catch-up was
+
+
+@pytest.mark.kafka
+@pytest.mark.spark
+async def test_a_run_stopped_as_it_refuses_newer_events_says_it_was_held_up(
+    settings: Settings, spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stop that a continuous run sees while its batch is being refused for newer events:
+    the run ends held up, as told, and Spark's logger of the query's failure is on again for
+    the driver's other runs. The refused batch's failure came out of the run as Spark's
+    StreamingQueryException (a hundred lines), and the logger stayed off."""
+    settings = _counters_settings(settings, tmp_path)
+    stop = StopRequest()
+
+    def off_then_stopped(spark: SparkSession, names: tuple[str, ...]) -> Callable[[], None]:
+        turn_on = loggers_off(spark, names)
+        stop.asked.set()  # an operator's Ctrl-C, say, that the run sees before its query's failure
+        time.sleep(runner.POLL_S * 2)
+        return turn_on
+
+    monkeypatch.setattr(runner, "loggers_off", off_then_stopped)
+    tables = Tables(settings.projections.warehouse_dir)
+    async with system(settings) as s:
+        for command, body in (("start", {}), ("add", {"n": 2})):
+            assert (await s.client.post(f"/v1/counters/c1/{command}", json=body)).status_code == 200
+        continuous = asyncio.create_task(asyncio.to_thread(run, settings, LUCKY, True, spark=spark, stop=stop))
+        try:
+            await _until(lambda: tables.current_generation("lucky_totals") is not None, "caught up")
+            await _write_newer_added(settings, "c1", 3)
+            summary = await asyncio.wait_for(continuous, 120)
+        finally:
+            stop.asked.set()
+    assert summary.held_up and not summary.lag
+    log4j = spark.sparkContext._jvm.org.apache.logging.log4j  # type: ignore[union-attr]
+    assert str(log4j.LogManager.getLogger(QUERY_FAILURE_LOGGER).getLevel()) != "OFF"

@@ -18,7 +18,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -163,9 +163,11 @@ def run(
     if held is None:  # asked to stop before it held one
         waited = waiting is not None and waiting.waited
         return RunSummary(name, tables.current_generation(name) or 0, standby=waited, started=False)
-    with held.lock:
+    # A logger a batch turned off (`_keep`'s refuse_newer) is on again however the run ends:
+    # the driver may go on with other runs (esk dev's, or this read model's next generation).
+    with held.lock, ExitStack() as on_again:
         spark = spark or _driver_session(settings, f"esk-project-{name}")
-        summary = _keep(settings, projection, held, continuous, spark, stop, catch_up_turn)
+        summary = _keep(settings, projection, held, continuous, spark, stop, catch_up_turn, on_again)
     if summary.handed_over:
         return _hand_over(tables, name, held.lock.generation, summary, stop, settings.projections.old_generations_kept_s)
     offered = summary.taking_over
@@ -336,9 +338,11 @@ def _keep(
     spark: SparkSession,
     stop: StopRequest,
     catch_up_turn: threading.Lock | None,
+    on_again: ExitStack,
 ) -> RunSummary:
     """`run`'s work on the generation it holds: it ends when the query does, when `stop`
-    asks, or when readers move on to a newer generation."""
+    asks, or when readers move on to a newer generation. What it turns off for a while,
+    `on_again` turns on (the caller's, at the latest as the run ends)."""
     name = projection.model.name
     tables = Tables(settings.projections.warehouse_dir)
     generation = held.lock.generation
@@ -376,7 +380,6 @@ def _keep(
     older = older_version(settings, categories)
     newer = newer_version(settings, categories)
     newer_than_code: list[EventsNewerThanCode] = []  # told by the run, not inside Spark's error
-    told_elsewhere: list[Callable[[], None]] = []  # turns Spark's logger of the query's failure on again
     code_fails: list[ReadModelCodeFails] = []  # likewise: what the query's failure was
     parking = tables.parked(name, generation)
     parked = parking.load()
@@ -546,14 +549,13 @@ def _keep(
         ))  # fmt: skip
         # The query fails with it, on purpose: Spark's ERROR about that, traces and all, is
         # not written (on again as the run stands still, once the query has ended).
-        told_elsewhere.append(loggers_off(spark, (QUERY_FAILURE_LOGGER,)))
+        on_again.callback(loggers_off(spark, (QUERY_FAILURE_LOGGER,)))
         raise newer_than_code[-1]
 
     def stand_still(refused: EventsNewerThanCode) -> RunSummary:
         """A continuous run's: no query, until a stop (the next start, with the code that
         knows them, takes the batch from there); a one-shot run's failure."""
-        while told_elsewhere:
-            told_elsewhere.pop()()
+        on_again.close()
         if not continuous:
             raise EventsNewerThanCode(f"{refused}: run it with the code that wrote them (the domain's release)") from None
         told_at = time.monotonic()
@@ -635,6 +637,14 @@ def _keep(
             )
         return newly
 
+    def told_in_a_line(failure: BaseException) -> None:
+        """Raises what the query's `failure` was, as the run tells it, unless it was a batch
+        refused for events newer than the code: the run then stands still (`stand_still`)."""
+        if code_fails and isinstance(failure, CapturedException):
+            raise code_fails[-1] from failure
+        if not newer_than_code:
+            raise failure
+
     def writer() -> DataStreamWriter:
         return (
             event_stream(spark, settings, categories, REBUILD_BESIDE_BATCH_MAX if beside else None)
@@ -653,17 +663,17 @@ def _keep(
                 pass
         except BaseException as failure:  # a caller's Ctrl-C, or the query's failure: no query outlives the run's lock (_stop)
             _stop(watched.query, name)
-            if code_fails and isinstance(failure, CapturedException):
-                raise code_fails[-1] from failure
-            if not newer_than_code:
-                raise
+            told_in_a_line(failure)
         if not newer_than_code:
             if watched.failed:  # a stop was asked during an outage
                 return summary
             query = watched.query
             stopped = query.isActive
             if stopped:
-                _stop_between_batches(query, stop, name)
+                try:
+                    _stop_between_batches(query, stop, name)
+                except CapturedException as failure:  # the batch in flight failed as it ended
+                    told_in_a_line(failure)
     if newer_than_code:  # out of the catch-up turn: the driver's other read models go on meanwhile
         return stand_still(newer_than_code[-1])
     catching_up.clear()
@@ -694,33 +704,32 @@ def _keep(
         reported = vacuumed = retired = time.monotonic()
         retiring = _retire_beside(tables, name, kept_s)
         try:
-            while watched.goes_on() and not (moved_on() or offer_taken()):
-                # A query started again after an outage has no progress yet: no lag to tell.
-                if time.monotonic() - reported > report_every_s and watched.query.lastProgress is not None:
-                    lag = _lag(watched.query.lastProgress)
-                    if lag != summary.lag:  # a read model that keeps up says so once, not every few seconds
-                        log.info(f"{name} lag per partition: {lag or 'none'}")
-                    summary.lag = lag
-                    reported = time.monotonic()
-                if time.monotonic() - vacuumed > VACUUM_EVERY_S:
-                    # Beside the query, not in a batch, so the lag does not wait for it;
-                    # Delta lets a VACUUM run alongside writes.
-                    _vacuum(str(path))
-                    vacuumed = time.monotonic()
-                if time.monotonic() - retired > RETIRE_EVERY_S and not retiring.is_alive():
-                    retiring = _retire_beside(tables, name, kept_s)
-                    retired = time.monotonic()
-        except KeyboardInterrupt:  # a caller's Ctrl-C (the CLI's signals only ask)
-            pass
-        except CapturedException as failure:
-            if code_fails:
-                raise code_fails[-1] from failure
-            if not newer_than_code:
-                raise
+            try:
+                while watched.goes_on() and not (moved_on() or offer_taken()):
+                    # A query started again after an outage has no progress yet: no lag to tell.
+                    if time.monotonic() - reported > report_every_s and watched.query.lastProgress is not None:
+                        lag = _lag(watched.query.lastProgress)
+                        if lag != summary.lag:  # a read model that keeps up says so once, not every few seconds
+                            log.info(f"{name} lag per partition: {lag or 'none'}")
+                        summary.lag = lag
+                        reported = time.monotonic()
+                    if time.monotonic() - vacuumed > VACUUM_EVERY_S:
+                        # Beside the query, not in a batch, so the lag does not wait for it;
+                        # Delta lets a VACUUM run alongside writes.
+                        _vacuum(str(path))
+                        vacuumed = time.monotonic()
+                    if time.monotonic() - retired > RETIRE_EVERY_S and not retiring.is_alive():
+                        retiring = _retire_beside(tables, name, kept_s)
+                        retired = time.monotonic()
+            except KeyboardInterrupt:  # a caller's Ctrl-C (the CLI's signals only ask)
+                pass
+            finally:
+                if not watched.failed:  # a failed query has nothing to stop
+                    _stop_between_batches(watched.query, stop, name)
+        except CapturedException as failure:  # a batch failed, the one in flight at a stop included
+            told_in_a_line(failure)
             return stand_still(newer_than_code[-1])
         finally:
-            if not watched.failed:  # a failed query has nothing to stop
-                _stop_between_batches(watched.query, stop, name)
             if not summary.held_up:
                 summary.lag = _lag(watched.query.lastProgress)
     return summary
