@@ -637,7 +637,7 @@ def _keep(
             )
         return newly
 
-    def told_in_a_line(failure: BaseException) -> None:
+    def raise_as_told(failure: BaseException) -> None:
         """Raises what the query's `failure` was, as the run tells it, unless it was a batch
         refused for events newer than the code: the run then stands still (`stand_still`)."""
         if code_fails and isinstance(failure, CapturedException):
@@ -663,7 +663,7 @@ def _keep(
                 pass
         except BaseException as failure:  # a caller's Ctrl-C, or the query's failure: no query outlives the run's lock (_stop)
             _stop(watched.query, name)
-            told_in_a_line(failure)
+            raise_as_told(failure)
         if not newer_than_code:
             if watched.failed:  # a stop was asked during an outage
                 return summary
@@ -673,7 +673,7 @@ def _keep(
                 try:
                     _stop_between_batches(query, stop, name)
                 except CapturedException as failure:  # the batch in flight failed as it ended
-                    told_in_a_line(failure)
+                    raise_as_told(failure)
     if newer_than_code:  # out of the catch-up turn: the driver's other read models go on meanwhile
         return stand_still(newer_than_code[-1])
     catching_up.clear()
@@ -727,7 +727,7 @@ def _keep(
                 if not watched.failed:  # a failed query has nothing to stop
                     _stop_between_batches(watched.query, stop, name)
         except CapturedException as failure:  # a batch failed, the one in flight at a stop included
-            told_in_a_line(failure)
+            raise_as_told(failure)
             return stand_still(newer_than_code[-1])
         finally:
             if not summary.held_up:
