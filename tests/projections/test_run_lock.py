@@ -144,6 +144,24 @@ def test_a_look_at_the_holder_as_a_run_starts_does_not_refuse_it(tmp_path: Path)
     held.lock.release()
 
 
+def test_a_look_at_the_holder_as_a_rebuild_hands_over_does_not_keep_readers_back(tmp_path: Path) -> None:
+    """A rebuild caught up beside a one-shot run that has ended takes its generation's lock
+    to switch readers; a look (the API's, at a 503) at that instant read as a run that took
+    the generation over, and readers stayed where they were, the rebuild saying all was done."""
+    pytest.importorskip("pyspark")
+    from esk.projections.runner import RunSummary, StopRequest, _hand_over
+
+    tables = Tables(tmp_path)
+    tables.switch("totals", 1)
+    path = tables.run_lock("totals", 2).path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    looking = os.open(path, os.O_RDONLY | os.O_CREAT)
+    fcntl.flock(looking, fcntl.LOCK_SH)
+    threading.Timer(0.3, os.close, (looking,)).start()
+    _hand_over(tables, "totals", 2, RunSummary("totals", 2, caught_up=True, handed_over=True), StopRequest(), 600)
+    assert tables.current_generation("totals") == 2
+
+
 def test_the_keepers_are_the_runs_of_the_generation_readers_use_and_of_the_next(tmp_path: Path) -> None:
     tables = Tables(tmp_path)
     with _held_elsewhere(tables.run_lock("totals", 1).path) as first:

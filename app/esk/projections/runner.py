@@ -241,7 +241,9 @@ def _hand_over(tables: Tables, name: str, generation: int, summary: RunSummary, 
         summary.caught_up = False  # readers stay where they are, unless a run took it over already
         return summary
     try:
-        lock.acquire()
+        # A look at who keeps it (the API's, `esk project list`) holds the lock for an instant:
+        # that is no run taking it over.
+        lock.acquire(GRACE_S)
     except GenerationBusy:  # taken over, its catch-up longer than the wait
         log.info(f"{name}: the run that took generation {generation} over switches readers to it once it has caught it up")
         return summary
