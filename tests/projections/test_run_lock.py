@@ -144,6 +144,28 @@ def test_a_look_at_the_holder_as_a_run_starts_does_not_refuse_it(tmp_path: Path)
     held.lock.release()
 
 
+def test_a_rebuild_starts_its_generation_over_and_a_first_run_goes_on(tmp_path: Path) -> None:
+    """A rebuild stopped before its switch left rows and parked aggregates of the code before
+    a fix: the next `--rebuild` went on from them, and switched readers to them."""
+    pytest.importorskip("pyspark")
+    from esk.projections.runner import hold_generation
+
+    tables = Tables(tmp_path)
+    for generation in (1, 2):
+        for folder in (tables.path("totals", generation), tables.checkpoint("totals", generation)):
+            (folder / "left").mkdir(parents=True)
+    held = hold_generation(tables, "totals", False)  # a first run, stopped midway, started again
+    assert held is not None and held.lock.generation == 1 and (tables.checkpoint("totals", 1) / "left").exists()
+    held.lock.release()
+    tables.switch("totals", 1)
+    tables.offer("totals", 2)
+    held = hold_generation(tables, "totals", True)
+    assert held is not None and held.lock.generation == 2
+    assert not tables.path("totals", 2).exists() and not tables.checkpoint("totals", 2).exists()
+    assert tables.offered("totals") is None and (tables.checkpoint("totals", 1) / "left").exists()
+    held.lock.release()
+
+
 def test_a_look_at_the_holder_as_a_rebuild_hands_over_does_not_keep_readers_back(tmp_path: Path) -> None:
     """A rebuild caught up beside a one-shot run that has ended takes its generation's lock
     to switch readers; a look (the API's, at a 503) at that instant read as a run that took

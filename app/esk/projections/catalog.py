@@ -597,6 +597,14 @@ class Tables:
         """What `parked` holds for `generation`; none when there is none (nothing built)."""
         return [] if generation is None else self.parked(name, generation).load()
 
+    def start_over(self, name: str, generation: int) -> None:
+        """Removes what a run left of a generation readers do not use (a rebuild stopped
+        before its switch): its table, and its checkpoint with the aggregates it parked. The
+        caller holds its lock."""
+        for folder in (self.path(name, generation), self.checkpoint(name, generation)):
+            if folder.exists():
+                shutil.rmtree(folder)
+
     def run_lock(self, name: str, generation: int) -> GenerationLock:
         """The lock a run of the generation holds (run_lock.py): beside its checkpoint, which
         a run starting the generation over removes, and out of readers' way."""

@@ -261,7 +261,7 @@ def hold_generation(
 ) -> Held | None:
     """The generation a run keeps, locked: the one readers use, or a new one (`rebuild`, the
     first, or when `changed` says the one readers use was built by another version of the
-    read model). While another run holds it, a run is refused (GenerationBusy), or, given
+    read model). A rebuild's starts over; a first run's goes on from where it stopped. While another run holds it, a run is refused (GenerationBusy), or, given
     `waiting` (a continuous run's), waits. Readers may move meanwhile (a rebuild elsewhere
     switching them): then it chooses again, from where they are. None: a stop was asked
     while it waited."""
@@ -277,6 +277,12 @@ def hold_generation(
             continue
         try:
             if tables.current_generation(name) == current:
+                if rebuild:
+                    # From the earliest offsets, as asked: what a rebuild stopped before its
+                    # switch left there (rows and aggregates parked by the code before a fix,
+                    # say) goes.
+                    tables.withdraw(name, lock.generation)
+                    tables.start_over(name, lock.generation)
                 return Held(lock, building=lock.generation != current)
         except BaseException:
             lock.release()
