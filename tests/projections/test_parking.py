@@ -95,7 +95,7 @@ import esk  # noqa: E402
 from esk.cli import cli  # noqa: E402
 from esk.kafka.client_options import client_options  # noqa: E402
 from esk.projections import runner  # noqa: E402
-from esk.projections.catalog import Tables  # noqa: E402
+from esk.projections.catalog import Probe, Tables  # noqa: E402
 from esk.projections.positions import Position  # noqa: E402
 from esk.projections.reader import ReadModelNotBuilt, ReadModelRows  # noqa: E402
 from esk.projections.runner import EventsNewerThanCode, RunFailed, StopRequest, run, run_several  # noqa: E402
@@ -607,6 +607,32 @@ async def test_a_continuous_run_that_meets_newer_events_after_its_catch_up_stand
     assert totals() == {"c1": (2, 2)}  # not (2, 3): the v3 event's amount read as nothing
     assert summary.held_up and summary.lag == {}  # not its last batch's "lag 0": the batch refused is behind
     assert summary.caught_up  # its catch-up was
+
+
+@pytest.mark.kafka
+@pytest.mark.spark
+async def test_a_stop_while_a_batch_is_probed_for_its_failing_event_stops_the_run(
+    settings: Settings, spark: SparkSession, tmp_path: Path
+) -> None:
+    """SIGTERM as the batch's events are probed: the probe stops at once, before the query is
+    stopped, and Spark took that for the batch's failure: the run failed (exit 1, traces),
+    where a stop ends it between batches. The next start parks the event and goes on."""
+    settings = _counters_settings(settings, tmp_path)
+    stop = StopRequest()
+
+    def stopped_as_probed(events: DataFrame, writer: esk.BatchWriter) -> int:
+        if isinstance(writer, Probe):
+            stop.asked.set()
+        return _lucky_totals(events, writer)
+
+    stopping = esk.Projection(LUCKY.model, LUCKY.columns, stopped_as_probed)
+    async with system(settings) as s:
+        for counter, command, body in (("c1", "start", {}), ("c2", "start", {}), ("c1", "add", {"n": 2}), ("c2", "add", {"n": UNLUCKY})):
+            assert (await s.client.post(f"/v1/counters/{counter}/{command}", json=body)).status_code == 200
+    summary = await asyncio.to_thread(run, settings, stopping, spark=spark, stop=stop)
+    assert stop.asked.is_set() and not summary.caught_up and summary.batches == 0
+    summary = await asyncio.to_thread(run, settings, LUCKY, spark=spark)
+    assert summary.caught_up and [p.aggregate_id for p in Tables(settings.projections.warehouse_dir).parked("lucky_totals", 1).load()] == ["c2"]
 
 
 @pytest.mark.kafka

@@ -649,7 +649,11 @@ def _keep(
 
     def raise_as_told(failure: BaseException) -> None:
         """Raises what the query's `failure` was, as the run tells it, unless it was a batch
-        refused for events newer than the code: the run then stands still (`stand_still`)."""
+        refused for events newer than the code (the run then stands still: `stand_still`),
+        or one that the stop asked cut short before the query was stopped (a batch probed
+        for its failing event, or waiting for its turn, stops at once): a stop, then."""
+        if stopping() and isinstance(failure, CapturedException) and INTERRUPTED_BY_STOP in str(failure):
+            return
         if code_fails and isinstance(failure, CapturedException):
             raise code_fails[-1] from failure
         if not newer_than_code:
@@ -684,6 +688,8 @@ def _keep(
                     _stop_between_batches(query, stop, name)
                 except CapturedException as failure:  # the batch in flight failed as it ended
                     raise_as_told(failure)
+                    if not newer_than_code:  # cut short by the stop: not caught up
+                        return summary
     if newer_than_code:  # out of the catch-up turn: the driver's other read models go on meanwhile
         return stand_still(newer_than_code[-1])
     catching_up.clear()
@@ -738,7 +744,8 @@ def _keep(
                     _stop_between_batches(watched.query, stop, name)
         except CapturedException as failure:  # a batch failed, the one in flight at a stop included
             raise_as_told(failure)
-            return stand_still(newer_than_code[-1])
+            if newer_than_code:
+                return stand_still(newer_than_code[-1])
         finally:
             if not summary.held_up:
                 summary.lag = _lag(watched.query.lastProgress)
