@@ -180,7 +180,8 @@ def test_a_look_at_the_holder_as_a_rebuild_hands_over_does_not_keep_readers_back
     looking = os.open(path, os.O_RDONLY | os.O_CREAT)
     fcntl.flock(looking, fcntl.LOCK_SH)
     threading.Timer(0.3, os.close, (looking,)).start()
-    _hand_over(tables, "totals", 2, RunSummary("totals", 2, caught_up=True, handed_over=True), StopRequest(), 600)
+    summary = RunSummary("totals", 2, caught_up=True, handed_over=True)
+    _hand_over(tables, "totals", 2, summary, StopRequest(), 600, lambda held: pytest.fail("it is not behind readers"))
     assert tables.current_generation("totals") == 2
 
 
