@@ -598,8 +598,8 @@ class Tables:
         return [] if generation is None else self.parked(name, generation).load()
 
     def start_over(self, name: str, generation: int) -> None:
-        """Removes what a run left of a generation readers do not use (a rebuild stopped
-        before its switch): its table, and its checkpoint with the aggregates it parked. The
+        """Removes a generation readers do not use (a rebuild stopped before its switch, one
+        readers left): its table, and its checkpoint with the aggregates it parked. The
         caller holds its lock."""
         for folder in (self.path(name, generation), self.checkpoint(name, generation)):
             if folder.exists():
@@ -649,9 +649,7 @@ class Tables:
             except GenerationBusy:
                 continue
             with lock:
-                for folder in (self.path(name, generation), self.checkpoint(name, generation)):
-                    if folder.exists():
-                        shutil.rmtree(folder)
+                self.start_over(name, generation)
                 lock.path.unlink()  # last: a generation with a folder left is found again next time
             removed.append(generation)
         return removed
