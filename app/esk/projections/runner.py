@@ -465,7 +465,7 @@ def _keep(
             else:
                 count, rows = guarded(kept, batch_id)
             if (batch_id + 1) % COMPACT_EVERY == 0:
-                _compact(str(path))
+                _compact(name, str(path))
         finally:
             kept.unpersist()
         summary.batches += 1
@@ -755,7 +755,7 @@ def _keep(
                     if time.monotonic() - vacuumed > VACUUM_EVERY_S:
                         # Beside the query, not in a batch, so the lag does not wait for it;
                         # Delta lets a VACUUM run alongside writes.
-                        _vacuum(str(path))
+                        _vacuum(name, str(path))
                         vacuumed = time.monotonic()
                     if time.monotonic() - retired > RETIRE_EVERY_S and not retiring.is_alive():
                         retiring = _retire_beside(tables, name, kept_s)
@@ -1486,11 +1486,24 @@ def _batch_id(query: StreamingQuery) -> int | None:
     return None if progress is None else int(progress["batchId"])
 
 
-def _vacuum(path: str) -> None:
-    """Removes the files no table version within the table's retention refers to."""
+def _vacuum(name: str, path: str) -> None:
+    """Removes the files no table version within the table's retention refers to; a failure
+    is told (`_upkeep`)."""
     from deltalake import DeltaTable as DeltaRs
 
-    DeltaRs(path).vacuum(dry_run=False)
+    with _upkeep(name, "removing the files its table no longer refers to"):
+        DeltaRs(path).vacuum(dry_run=False)
+
+
+@contextmanager
+def _upkeep(name: str, what: str) -> Iterator[None]:
+    """A Delta upkeep step whose failure (a commit beside it, a file store that refused) is
+    told, not raised: it can wait until its next turn, where a run ended by it would leave
+    the read model unkept, or a batch failed by it would be probed for an event to blame."""
+    try:
+        yield
+    except Exception as error:
+        log.warning(f"{name}: {what} failed (tried again later): {error!r}")
 
 
 def _retire(tables: Tables, name: str, kept_s: float) -> None:
@@ -1524,10 +1537,12 @@ def _behind_readers(tables: Tables, name: str, generation: int) -> bool:
     return any(offset > mine[key] for key, offset in theirs.items() if key in mine)
 
 
-def _compact(path: str) -> None:
+def _compact(name: str, path: str) -> None:
+    """Rewrites the table's small files into fewer; a failure is told (`_upkeep`)."""
     from deltalake import DeltaTable
 
-    DeltaTable(path).optimize.compact()
+    with _upkeep(name, "compacting its table's small files"):
+        DeltaTable(path).optimize.compact()
 
 
 def _versions_guard(older: Column | None, newer: Column) -> Column:
