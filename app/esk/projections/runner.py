@@ -151,15 +151,17 @@ def run(
     _check_reads(settings, projection)
     tables = Tables(settings.projections.warehouse_dir)
     if held is None:
-        waiting = _Waiting(stop) if continuous and not rebuild else None
+        waiting = None
         changed = None
-        # Not when following: the run that moved readers built the generation from newer
-        # code than this one's, likely; building again from this code would move them back
-        # (and two drivers of two codes would take turns for ever). This one is refused
-        # instead, and its supervisor starts it again with the code there is now.
-        if waiting is not None and settings.projections.rebuild_changed and not following:
-            spark = spark or _driver_session(settings, f"esk-project-{name}")
-            changed = partial(_built_otherwise, spark, tables, projection)
+        if continuous and not rebuild:
+            # Not when following: the run that moved readers built the generation from newer
+            # code than this one's, likely; building again from this code would move them back
+            # (and two drivers of two codes would take turns for ever). This one is refused
+            # instead, and its supervisor starts it again with the code there is now.
+            if settings.projections.rebuild_changed and not following:
+                spark = spark or _driver_session(settings, f"esk-project-{name}")
+                changed = partial(_built_otherwise, spark, tables, projection)
+            waiting = _Waiting(stop, spark)
         held = hold_generation(tables, name, rebuild, waiting, changed)
     if held is None:  # asked to stop before it held one
         waited = waiting is not None and waiting.waited
@@ -175,7 +177,7 @@ def run(
     offered = summary.taking_over
     if continuous and offered is not None and not stop.asked.is_set():
         lock = tables.run_lock(name, offered)  # its rebuild lets go of it as it offers it
-        if _Waiting(stop).take(lock, partial(_moved, tables, name, tables.current_generation(name))):
+        if _Waiting(stop, spark).take(lock, partial(_moved, tables, name, tables.current_generation(name))):
             tables.withdraw(name, offered)  # after the lock: an offer gone, its lock free, was declined (_hand_over)
             log.info(f"{name}: taking over generation {offered}, rebuilt beside this run: it is brought to where generation "
                      f"{held.lock.generation} stands, then readers move to it")  # fmt: skip
@@ -335,12 +337,20 @@ class _Waiting:
     it every LOCK_REPORT_EVERY_S, until a stop is asked or readers move."""
 
     stop: StopRequest
+    driver: SparkSession | None = None  # the driver it takes over with, once started
     waited: bool = False  # found the generation kept by another run
 
     def take(self, lock: GenerationLock, moved: Callable[[], bool]) -> bool:
-        """Whether it took `lock`; False when a stop was asked or `moved` first."""
+        """Whether it took `lock`; False when a stop was asked or `moved` first. DriverLost
+        when the driver it would take over with is gone: a standby whose JVM died (killed
+        for memory, say) waited on, and failed only at the take-over, when it was needed."""
         reported: float | None = None
         while not self.stop.asked.is_set() and not moved():
+            if self.driver is not None and not _driver_answers(self.driver):
+                raise DriverLost(
+                    f"{lock.name}: the Spark driver this run started no longer answers (its JVM ended?) while the run "
+                    f"waited for generation {lock.generation}: it ends, to be started again with a driver of its own"
+                )
             try:
                 return lock.acquire(POLL_S, self.stop.asked)
             except GenerationBusy as busy:
@@ -791,7 +801,7 @@ class RunFailed(Exception):
     def __init__(self, name: str, error: BaseException, others: Sequence[RunSummary] = ()) -> None:
         if isinstance(error, (GenerationBusy, ReadModelInvalid, BuiltByOtherCode)):
             message = f"{name}: {error}"
-        elif isinstance(error, EventsNewerThanCode):
+        elif isinstance(error, (EventsNewerThanCode, DriverLost)):
             message = str(error)
         elif isinstance(error, ReadModelChanged):
             message = (
@@ -812,7 +822,9 @@ class RunFailed(Exception):
     def told_in_a_line(self) -> bool:
         """Whether its message says all there is: a mistake of the user's or a run's
         situation, not a failure whose traceback the driver's log wants."""
-        return isinstance(self.error, (GenerationBusy, ReadModelInvalid, BuiltByOtherCode, ReadModelChanged, EventsNewerThanCode))
+        return isinstance(
+            self.error, (GenerationBusy, ReadModelInvalid, BuiltByOtherCode, ReadModelChanged, EventsNewerThanCode, DriverLost)
+        )
 
 
 _WHERE_MAX = 200  # characters of Spark's word on where a batch failed
@@ -1070,6 +1082,22 @@ class ReadModelChanged(Exception):
     def __init__(self, path: Path, changes: str) -> None:
         super().__init__(f"the table at {path} is not what the read model declares ({changes})")
         self.changes = changes
+
+
+class DriverLost(Exception):
+    """The Spark driver a run waits with no longer answers."""
+
+
+def _driver_answers(spark: SparkSession) -> bool:
+    """Whether the driver's JVM runs and its SparkContext too. The JVM PySpark started (local
+    mode) is asked first as a process: py4j logs a traceback of its own on a dead gateway."""
+    jvm = getattr(spark.sparkContext._gateway, "proc", None)  # none under spark-submit, which started Python
+    if jvm is not None and jvm.poll() is not None:
+        return False
+    try:
+        return not spark.sparkContext._jsc.sc().isStopped()
+    except Exception:  # py4j's network errors, or a context already torn down (no _jsc)
+        return False
 
 
 class BuiltByOtherCode(Exception):
