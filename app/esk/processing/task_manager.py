@@ -149,7 +149,8 @@ class Partition:
         with it, which the store restores from next time; else the next owner handles its
         commands again."""
         self.state = PartitionState.CLOSED
-        if self.committing is not None:
+        # not when the commit loop itself abandons it (`_fail`, its commit over)
+        if self.committing is not None and self.committing is not asyncio.current_task():
             self.committing.cancel()
             await asyncio.gather(self.committing, return_exceptions=True)
         if self.producer is not None:
