@@ -44,7 +44,7 @@ from ..settings import Settings
 from .catalog import BatchWriter, PlanCheck, PlanEnds, Probe, Projection, ReadModel, ReadModelMistake, Tables, session_conf
 from .events import decode, event_stream, newer_version, no_events, older_version, reading, upcast
 from .parking import Failure, ParkedAggregate, find_parked, held_back
-from .positions import checkpoint_positions
+from .positions import checkpoint_positions, read_model_positions
 from .run_lock import GRACE_S, GenerationBusy, GenerationLock, Keeper
 from .session import QUERY_FAILURE_LOGGER, loggers_off, spark_session, task_failures_untold
 
@@ -278,8 +278,9 @@ def hold_generation(
 ) -> Held | None:
     """The generation a run keeps, locked: the one readers use, or a new one (`rebuild`, the
     first, or when `changed` says the one readers use was built by another version of the
-    read model). A rebuild's starts over; a first run's goes on from where it stopped. While another run holds it, a run is refused (GenerationBusy), or, given
-    `waiting` (a continuous run's), waits. Readers may move meanwhile (a rebuild elsewhere
+    read model). A rebuild's starts over; a first run's goes on from where it stopped.
+    While another run holds it, a run is refused (GenerationBusy), or, given `waiting` (a
+    continuous run's), waits. Readers may move meanwhile (a rebuild elsewhere
     switching them): then it chooses again, from where they are. None: a stop was asked
     while it waited."""
     while True:
@@ -1557,11 +1558,10 @@ def _retire_beside(tables: Tables, name: str, kept_s: float) -> threading.Thread
 def _behind_readers(tables: Tables, name: str, generation: int) -> bool:
     """Whether `generation` reflects less of a partition it reads than the generation readers
     use (which may read others: its read model's categories were others)."""
-    current = tables.current_generation(name)
-    if current is None or current == generation:
+    theirs = read_model_positions(tables, name)
+    if theirs is None or tables.current_generation(name) == generation:
         return False
     mine = checkpoint_positions(tables.checkpoint(name, generation))
-    theirs = checkpoint_positions(tables.checkpoint(name, current))
     return any(offset > mine[key] for key, offset in theirs.items() if key in mine)
 
 
