@@ -83,20 +83,10 @@ class StreamsProducer:
 
     def _stopping(self) -> asyncio.Future[None]:
         if self._stop is None:
-            self._stop = asyncio.ensure_future(self._stopped())
+            self._stop = asyncio.ensure_future(self._producer.stop())
             _LET_GO.add(self._stop)  # held until stopped: the loop keeps weak references only
             self._stop.add_done_callback(_LET_GO.discard)
         return self._stop
-
-    async def _stopped(self) -> None:
-        try:
-            await self._producer.stop()
-        except Exception as error:
-            # A producer let go whose last request (its commit, say) met the next owner's
-            # fence: aiokafka's stop raises that before it closes the connections.
-            level = logging.INFO if isinstance(error, ProducerFenced) else logging.WARNING
-            log.log(level, "%s: its stop ended with %r; its connections are closed", self.transactional_id, error)
-            await self._producer.client.close()
 
     async def commit(
         self, outputs: Sequence[Output], consumed: dict[TopicPartition, int] | None, group_id: str

@@ -97,11 +97,6 @@ class Partition:
             raise RuntimeError(f"partition {self.number} is {self.state.value}")
         return self.task
 
-    @property
-    def in_a_commit(self) -> bool:
-        """A transaction of its is under way."""
-        return self._commit_lock.locked()
-
     def group_offset_due(self) -> bool:
         """The group's offset is behind and due to be committed: even with no command
         pending, so that an idle partition's lag goes down to zero."""
@@ -419,9 +414,7 @@ class TaskManager:
             partition.state = PartitionState.CLOSED
             if store is not None:
                 store.close()
-            # not waited for: a rebuild's transaction in flight, cancelled by a stop during an
-            # outage, would hold the stop until the broker is back
-            partition.producer.let_go()
+            await partition.producer.stop()
             raise
 
     async def _restored_store(self, number: int) -> RocksDBStore:
@@ -470,11 +463,9 @@ class TaskManager:
                         log.warning("partition %d: %s failed (%r); the next owner redoes it", partition.number, what, failed)
                 await partition.close()
         except TimeoutError:
-            what = "its commit in flight" if partition.in_a_commit else "its producer's stop"
             log.warning(
-                "partition %d: closed at once, %s not over within %.0f s of the partition being given up (a broker "
-                "away?): what it did not commit is handled again by the next owner",
-                partition.number, what, self.settings.processor.close_timeout_ms / 1000,
+                "partition %d: closed without its commit, which had not ended within %.0f s (a broker away?): "
+                "the next owner handles its commands again", partition.number, self.settings.processor.close_timeout_ms / 1000,
             )  # fmt: skip
             await partition.abandon()
 
