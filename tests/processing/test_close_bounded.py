@@ -18,15 +18,15 @@ from bench.cluster import Cluster, api_ready, wait_until
 from esk.broker import EmbeddedBroker
 from esk.broker.ports import free_port_pair
 from esk.kafka.topics import ensure_topics, topic_specs
-from esk.processing.task_manager import Partition, PartitionState
 from esk.registry import load_registry
 from esk.settings import BrokerSettings
 from tests.conftest import own_settings
 
+pytestmark = pytest.mark.kafka
+
 CLOSE_TIMEOUT_S = 3
 
 
-@pytest.mark.kafka
 async def test_a_processor_stopped_while_its_broker_is_away_stops_within_its_close_timeout(tmp_path: Path) -> None:
     broker = EmbeddedBroker(BrokerSettings(port=free_port_pair(), data_dir=tmp_path / "broker"))
     await asyncio.to_thread(broker.start)
@@ -68,26 +68,3 @@ async def test_a_processor_stopped_while_its_broker_is_away_stops_within_its_clo
         if cluster is not None:
             cluster.stop_all()
         await asyncio.to_thread(broker.stop)
-
-
-async def test_a_commit_loop_that_abandons_its_own_partition_goes_on() -> None:
-    """A failed commit's loop closes its partition (`TaskManager._fail`), and abandons it when
-    that close outlasts the bound: it must not cancel itself, which left the partition
-    neither closed nor started again."""
-
-    class Producer:
-        let_go_called = False
-
-        def let_go(self) -> None:
-            self.let_go_called = True
-
-    partition, producer = Partition(0, "group"), Producer()
-    partition.producer = producer  # type: ignore[assignment]  # what abandon asks of it
-
-    async def commit_loop() -> str:
-        partition.committing = asyncio.current_task()  # type: ignore[assignment]
-        await partition.abandon()
-        return "went on"
-
-    assert await asyncio.wait_for(asyncio.create_task(commit_loop()), 5) == "went on"
-    assert partition.state is PartitionState.CLOSED and producer.let_go_called

@@ -149,8 +149,7 @@ class Partition:
         with it, which the store restores from next time; else the next owner handles its
         commands again."""
         self.state = PartitionState.CLOSED
-        # not when the commit loop itself abandons it (`_fail`, its commit over)
-        if self.committing is not None and self.committing is not asyncio.current_task():
+        if self.committing is not None:
             self.committing.cancel()
             await asyncio.gather(self.committing, return_exceptions=True)
         if self.producer is not None:
