@@ -110,6 +110,11 @@ class ProcessorSettings(BaseModel):
     transaction_timeout_ms: int = 60_000
     session_timeout_ms: int = 10_000
     max_poll_interval_ms: int = 300_000
+    # How long partitions given up (a rebalance, a stop) wait for their commits in flight
+    # and final commits: a commit waits on its broker for as long as the broker is away, and
+    # every member of the group waits for the slowest revoke. Past it they close without;
+    # the next owner handles those commands again (nothing lost, nothing doubled).
+    close_timeout_ms: int = 10_000
     # Prometheus metrics, /healthz and /readyz of `esk processor` (None, in code alone: no
     # such server; a test's processes share one).
     metrics_port: int | None = 9464

@@ -110,18 +110,20 @@ class Processor:
         if self.settings.processor.standby_replicas > 0:
             standbys = asyncio.create_task(self.standbys.run(standbys_stop), name="standbys")
         self._delete(self.directory.set_aside_earlier())
+        closing_by: float | None = None
         try:
             if await _unless_stopped(consumer.start(), stop):
                 while not stop.is_set():
                     await self._poll_once(consumer)
                     self._clean_state_directory(consumer)
+                closing_by = self.task_manager.close_deadline()
                 async with self.task_manager.lock:
-                    await self.task_manager.commit_all()
+                    await self.task_manager.commit_all(closing_by)
         finally:
             standbys_stop.set()
             await self.task_manager.stop_starting()
             await stop_consumer(consumer)
-            await self.task_manager.close_all()
+            await self.task_manager.close_all(self.task_manager.close_deadline() if closing_by is None else closing_by)
             if standbys is not None:
                 await standbys
             await asyncio.gather(*self._deleting, return_exceptions=True)

@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 # an HTTP client waits for each commit, so esk retries sooner (docs/benchmarks.md, probes).
 CONCURRENT_TRANSACTIONS_RETRY_S = 0.005
 ABORT_TIMEOUT_S = 10.0
+_LET_GO: set[asyncio.Future[None]] = set()  # producers' stops under way
 
 
 def _retry_concurrent_transactions_sooner() -> None:
@@ -63,13 +64,39 @@ class StreamsProducer:
             transaction_timeout_ms=self.transaction_timeout_ms,
         )
         self._collector = RecordCollector(self._producer)
+        self._stop: asyncio.Future[None] | None = None
 
     async def start(self) -> None:
         """Connect and init_transactions: the previous owner of the id is fenced from here on."""
         await self._producer.start()
 
     async def stop(self) -> None:
-        await self._producer.stop()
+        """Deliver what it holds, then close. Cancelled (`let_go`), it goes on in the background."""
+        await asyncio.shield(self._stopping())
+
+    def let_go(self) -> None:
+        """Stop without waiting for it: aiokafka's `stop` first delivers the records it
+        holds, for as long as their broker is away (its sender, even cancelled, waits on
+        every request in flight). It goes on in the background until they are delivered,
+        or refused once the next owner's `start` has fenced it, or the process ends."""
+        self._stopping()
+
+    def _stopping(self) -> asyncio.Future[None]:
+        if self._stop is None:
+            self._stop = asyncio.ensure_future(self._stopped())
+            _LET_GO.add(self._stop)  # held until stopped: the loop keeps weak references only
+            self._stop.add_done_callback(_LET_GO.discard)
+        return self._stop
+
+    async def _stopped(self) -> None:
+        try:
+            await self._producer.stop()
+        except Exception as error:
+            # A producer let go whose last request (its commit, say) met the next owner's
+            # fence: aiokafka's stop raises that before it closes the connections.
+            level = logging.INFO if isinstance(error, ProducerFenced) else logging.WARNING
+            log.log(level, "%s: its stop ended with %r; its connections are closed", self.transactional_id, error)
+            await self._producer.client.close()
 
     async def commit(
         self, outputs: Sequence[Output], consumed: dict[TopicPartition, int] | None, group_id: str

@@ -143,6 +143,21 @@ class Partition:
                 if self.task is not None:
                     self.task.close()
 
+    async def abandon(self) -> None:
+        """Close at once, the commit in flight cancelled and the producer let go: what a
+        crash at this point leaves. A transaction the broker got has its changelog records
+        with it, which the store restores from next time; else the next owner handles its
+        commands again."""
+        self.state = PartitionState.CLOSED
+        # not when the commit loop itself abandons it (`_fail`, its commit over)
+        if self.committing is not None and self.committing is not asyncio.current_task():
+            self.committing.cancel()
+            await asyncio.gather(self.committing, return_exceptions=True)
+        if self.producer is not None:
+            self.producer.let_go()
+        if self.task is not None:
+            self.task.close()
+
 
 class TaskManager:
     def __init__(
@@ -245,10 +260,19 @@ class TaskManager:
             return 0.0
         return partition.last_commit_started + self.settings.processor.commit_spacing_ms / 1000 - time.monotonic()
 
-    async def commit_all(self) -> None:
-        """At shutdown: every open batch, each after its commit in flight."""
+    def close_deadline(self) -> float:
+        """When partitions given up now close without their commits (the loop's time)."""
+        return asyncio.get_running_loop().time() + self.settings.processor.close_timeout_ms / 1000
+
+    async def commit_all(self, deadline: float) -> None:
+        """At shutdown: every open batch, each after its commit in flight, until `deadline`:
+        those still committing then are closed without (`close_all`)."""
         running = self._running()
-        results = await asyncio.gather(*(p.commit(final=True) for p in running), return_exceptions=True)
+        try:
+            async with asyncio.timeout_at(deadline):
+                results = await asyncio.gather(*(p.commit(final=True) for p in running), return_exceptions=True)
+        except TimeoutError:
+            return
         for partition, result in zip(running, results, strict=True):
             if isinstance(result, BaseException):
                 log.warning("partition %d: last commit failed (%r); the next owner redoes it", partition.number, result)
@@ -274,14 +298,18 @@ class TaskManager:
                 self._start(number)
 
     async def revoke(self, numbers: set[int]) -> None:
-        """Partitions taken away: the batch in hand is committed, producer and store closed."""
+        """Partitions taken away: the batch in hand is committed, producer and store closed,
+        all within `close_timeout_ms`."""
+        deadline = self.close_deadline()
+        taken = []
         for number in numbers:
             partition = self.partitions.pop(number, None)
             starting = self._starting.pop(number, None)
             if starting is not None:
                 starting.cancel()
             if partition is not None:
-                await self._close(partition, commit=True)
+                taken.append(partition)
+        await asyncio.gather(*(self._close(p, True, deadline) for p in taken))
 
     async def stop_starting(self) -> None:
         """Cancel the partitions still STARTING (before the consumer they use stops)."""
@@ -290,12 +318,12 @@ class TaskManager:
             task.cancel()
         await asyncio.gather(*starting, return_exceptions=True)
 
-    async def close_all(self) -> None:
+    async def close_all(self, deadline: float) -> None:
         await self.stop_starting()
         committing = [p.committing for p in self.partitions.values() if p.committing is not None]
         async with self.lock:
-            for number in list(self.partitions):
-                await self._close(self.partitions.pop(number), commit=False)
+            closing, self.partitions = list(self.partitions.values()), {}
+            await asyncio.gather(*(self._close(p, False, deadline) for p in closing))
         await asyncio.gather(*committing, return_exceptions=True)
 
     async def _fail(self, partition: Partition, error: BaseException) -> None:
@@ -303,7 +331,7 @@ class TaskManager:
         store was not written): close the partition and, unless fenced, start it afresh."""
         self._consumer().pause(TopicPartition(self.topics.commands, partition.number))
         del self.partitions[partition.number]
-        await self._close(partition, commit=False)
+        await self._close(partition, False, self.close_deadline())
         # its lag as it was would stand still until the task runs again (a broker away for
         # an hour): a dashboard and the lag alert read nothing rather than that (its other
         # gauges, its unusable aggregates say, hold for the task that starts again)
@@ -386,7 +414,9 @@ class TaskManager:
             partition.state = PartitionState.CLOSED
             if store is not None:
                 store.close()
-            await partition.producer.stop()
+            # not waited for: a rebuild's transaction in flight, cancelled by a stop during an
+            # outage, would hold the stop until the broker is back
+            partition.producer.let_go()
             raise
 
     async def _restored_store(self, number: int) -> RocksDBStore:
@@ -421,17 +451,26 @@ class TaskManager:
         if self.on_restore_progress is not None:
             self.on_restore_progress(progress)
 
-    async def _close(self, partition: Partition, commit: bool) -> None:
+    async def _close(self, partition: Partition, commit: bool, deadline: float) -> None:
         ACTIVE_TASKS.set(len(self.tasks))
-        if commit and partition.state is PartitionState.RUNNING:
-            try:
-                await partition.commit(final=True)  # after the commit in flight, if any
-            except Exception as error:  # fenced or failed: the next owner redoes the batch
-                # the commit in flight's failure, when it is what closed the partition: the
-                # commit loop leaves a partition already taken away to this close to tell
-                failed, what = (error, "final commit") if partition.failure in (None, error) else (partition.failure, "last commit")
-                log.warning("partition %d: %s failed (%r); the next owner redoes it", partition.number, what, failed)
-        await partition.close()
+        try:
+            async with asyncio.timeout_at(deadline):
+                if commit and partition.state is PartitionState.RUNNING:
+                    try:
+                        await partition.commit(final=True)  # after the commit in flight, if any
+                    except Exception as error:  # fenced or failed: the next owner redoes the batch
+                        # the commit in flight's failure, when it is what closed the partition: the
+                        # commit loop leaves a partition already taken away to this close to tell
+                        failed, what = (error, "final commit") if partition.failure in (None, error) else (partition.failure, "last commit")
+                        log.warning("partition %d: %s failed (%r); the next owner redoes it", partition.number, what, failed)
+                await partition.close()
+        except TimeoutError:
+            log.warning(
+                "partition %d: closed at once, its commit or close not over within %.0f s of the partition being given "
+                "up (a broker away?): what it did not commit is handled again by the next owner",
+                partition.number, self.settings.processor.close_timeout_ms / 1000,
+            )  # fmt: skip
+            await partition.abandon()
 
     def _running(self) -> list[Partition]:
         return [p for p in self.partitions.values() if p.state is PartitionState.RUNNING]
