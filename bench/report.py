@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 
 import psutil
 
+from esk.jars import jars_dir
+
 if TYPE_CHECKING:
     from bench.results import Report
 
@@ -20,6 +22,12 @@ def _version(package: str) -> str:
         return version(package)
     except PackageNotFoundError:
         return "not installed"
+
+
+def _kafka_version() -> str:
+    """The embedded broker's version, read off the jar its pom resolved."""
+    jars = sorted(jars_dir("kafka").glob("kafka_2.13-*.jar"))
+    return jars[0].name.removeprefix("kafka_2.13-").removesuffix(".jar") if jars else "unknown"
 
 
 # Where the hand-kept part of benchmarks.md begins: the probes behind design choices, which
@@ -39,7 +47,7 @@ def write(report: Report, ratios: list[tuple[str, float | None, str]], docs: Pat
         "## Machine and versions",
         "",
         f"- {platform.platform()}, {os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB",
-        f"- Python {platform.python_version()}; Apache Kafka 4.3.1 (embedded, KRaft, one node)",
+        f"- Python {platform.python_version()}; Apache Kafka {_kafka_version()} (embedded, KRaft, one node)",
         "- " + ", ".join(f"{p} {_version(p)}" for p in ("aiokafka", "rocksdict", "confluent-kafka", "quixstreams")),
         "- " + ", ".join(f"{p} {_version(p)}" for p in ("fastapi", "uvicorn", "pyspark", "delta-spark", "deltalake")),
         "",
