@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -46,6 +47,19 @@ def group_member(
         max_poll_interval_ms=max_poll_interval_ms,
         **options,
     )
+
+
+async def open_transactions(settings: Settings, tps: list[TopicPartition]) -> dict[TopicPartition, tuple[int, int]]:
+    """The partitions of `tps` where a transaction is still open, each with its last stable
+    offset (where its first open transaction starts, and where a read_committed reader
+    stops) and its high watermark."""
+    committed, everything = committed_reader(settings), lone_reader(settings, "read_uncommitted")
+    try:
+        await asyncio.gather(committed.start(), everything.start())
+        stable, high = await asyncio.gather(committed.end_offsets(tps), everything.end_offsets(tps))
+    finally:
+        await asyncio.gather(stop_consumer(committed), stop_consumer(everything))
+    return {tp: (stable[tp], high[tp]) for tp in tps if stable[tp] < high[tp]}
 
 
 async def read_committed(settings: Settings, topic: str) -> list[ConsumerRecord[bytes, bytes]]:

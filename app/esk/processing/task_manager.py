@@ -31,7 +31,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import ProducerFenced
 from aiokafka.structs import ConsumerRecord
 
-from ..kafka.reader import committed_reader
+from ..kafka.reader import committed_reader, open_transactions
 from ..kafka.stopping import stop_consumer
 from ..kafka.topics import TopicNames
 from ..metrics import (
@@ -61,6 +61,13 @@ log = logging.getLogger(__name__)
 # several round trips, and a whole poll's worth of handling before each of them
 # stretched a commit to most of a second under a backlog.
 YIELD_EVERY = 64
+
+# A transaction open on a changelog partition after its owner changed: looked at again this
+# often, told in an ERROR once it has lasted this long (a marker replicating takes far
+# less), and again at this interval.
+CHANGELOG_SETTLE_POLL_S = 0.5
+CHANGELOG_SETTLE_WARN_S = 10.0
+CHANGELOG_SETTLE_REPEAT_S = 60.0
 
 
 class PartitionState(Enum):
@@ -392,6 +399,7 @@ class TaskManager:
         try:
             # Fencing first: the changelog restored next can no longer change under us.
             await partition.producer.start()
+            await self._changelog_settled(number)
             store = await self._restored_store(number)
             tp = TopicPartition(self.topics.commands, number)
             committed = await consumer.committed(tp)
@@ -418,6 +426,30 @@ class TaskManager:
             # outage, would hold the stop until the broker is back
             partition.producer.let_go()
             raise
+
+    async def _changelog_settled(self, number: int) -> None:
+        """Wait until no transaction is open on the partition's changelog. Once the previous
+        owner is fenced none is (its last commit or abort is marked; only the partition's owner
+        writes there), but for a moment while a marker replicates, or for good when a broker
+        lost the markers (docs/product.md, "Kafka versions"). The restore reads up to the first
+        open transaction: a commit behind it would be restored without, its commands handled
+        again once the next commit here marks it as committed too."""
+        tp = TopicPartition(self.topics.changelog, number)
+        waiting_since, told = time.monotonic(), -math.inf
+        while open_ := await open_transactions(self.settings, [tp]):
+            stable, high = open_[tp]
+            waited = time.monotonic() - waiting_since
+            if waited >= CHANGELOG_SETTLE_WARN_S and waited - told >= CHANGELOG_SETTLE_REPEAT_S:
+                told = waited
+                log.error(
+                    "partition %d: a transaction open on %s from offset %d (its end is %d) for %.0f s "
+                    "after the previous owner was fenced; the partition waits for it. A broker that lost "
+                    "its markers (Kafka 4.1 to 4.4, KAFKA-20734) leaves it open for good: list it with "
+                    "kafka-transactions.sh find-hanging, check its records, and abort it with "
+                    "kafka-transactions.sh abort (with every partition it left open)",
+                    number, tp.topic, stable, high, waited,
+                )
+            await asyncio.sleep(CHANGELOG_SETTLE_POLL_S)
 
     async def _restored_store(self, number: int) -> RocksDBStore:
         path = self.directory.store_path(number)
