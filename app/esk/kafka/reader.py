@@ -1,4 +1,5 @@
-"""Reads a whole topic as read_committed readers see it (for checks, tools and tests)."""
+"""Readers outside any group: a whole topic as read_committed readers see it (for checks,
+tools and tests), and where a transaction is still open on a partition."""
 
 from __future__ import annotations
 
