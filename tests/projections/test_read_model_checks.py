@@ -85,13 +85,17 @@ def test_a_table_built_before_writes_were_noted_is_given_them(spark: SparkSessio
 
     projection = _projection(lambda events, writer: writer.merge(_counter_rows(events), MERGE))
     schema = spark.createDataFrame([], projection.columns).schema
-    path, checkpoint = tmp_path / "g1", tmp_path / "checkpoint"
-    runner._create_table(spark, path, checkpoint, schema, projection.model, False)
+    path = tmp_path / "g1"
+
+    def kept() -> None:
+        pytest.fail("a table readers use was started over")
+
+    runner._create_table(spark, path, kept, schema, projection.model, False)
     assert runner.WRITES_PROPERTY not in DeltaTable(str(path)).metadata().configuration
-    runner._create_table(spark, path, checkpoint, schema, projection.model, True, "abcd")
+    runner._create_table(spark, path, kept, schema, projection.model, True, "abcd")
     assert DeltaTable(str(path)).metadata().configuration[runner.WRITES_PROPERTY] == "abcd"
     with pytest.raises(ReadModelInvalid, match="its writes are not those its table"):
-        runner._create_table(spark, path, checkpoint, schema, projection.model, True, "dcba")
+        runner._create_table(spark, path, kept, schema, projection.model, True, "dcba")
 
 
 def test_the_example_read_models_and_a_right_one_plan_without_writing(spark: SparkSession, tmp_path: Path) -> None:

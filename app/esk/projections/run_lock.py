@@ -2,11 +2,11 @@
 
 Two runs of one generation would share its streaming checkpoint and its table: both would
 plan the same batches, and a run starting over a generation readers do not use yet removes
-its table and checkpoint (runner._table_fits) from under the other. So a run holds an
-exclusive lock on a file beside the generation's checkpoint for as long as it runs. The
-lock is flock's: the kernel drops it when the process dies, however it dies, so a crashed
-run never leaves a stale lock behind (on NFSv4, the server drops it once the client's
-lease runs out). The file also says who holds it, for the refusal's message.
+its table and checkpoint (runner._table_fits, by Tables.start_over) from under the other.
+So a run holds an exclusive lock on a file beside the generation's checkpoint for as long
+as it runs. The lock is flock's: the kernel drops it when the process dies, however it
+dies, so a crashed run never leaves a stale lock behind (on NFSv4, the server drops it once
+the client's lease runs out). The file also says who holds it, for the refusal's message.
 """
 
 from __future__ import annotations

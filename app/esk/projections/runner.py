@@ -13,7 +13,6 @@ import asyncio
 import json
 import logging
 import re
-import shutil
 import signal
 import threading
 import time
@@ -402,7 +401,9 @@ def _keep(
     schema = _table_schema(spark, projection)
     app_id = f"esk.{settings.app}.{name}.g{generation}"
     writes = _check_plan(spark, projection, app_id, path, schema)
-    _create_table(spark, path, tables.checkpoint(name, generation), schema, projection.model, not held.building, writes)
+    _create_table(
+        spark, path, partial(tables.start_over, name, generation), schema, projection.model, not held.building, writes
+    )
     # A continuous run building a generation beside the one readers use (its read model
     # changed) catches up from the earliest offsets: hours, maybe. Holding the catch-up turn
     # all that while would leave the driver's other read models, starting with it, waiting
@@ -1113,12 +1114,18 @@ WRITES_PROPERTY = "esk.readModel.writes"
 
 
 def _create_table(
-    spark: SparkSession, path: Path, checkpoint: Path, schema: StructType, model: ReadModel, read: bool, writes: str | None = None
+    spark: SparkSession,
+    path: Path,
+    start_over: Callable[[], None],
+    schema: StructType,
+    model: ReadModel,
+    read: bool,
+    writes: str | None = None,
 ) -> None:
     """The generation's table, unless it is there as the read model declares it. A table
     there that knows no fingerprint of its writes (built by esk before they were noted) is
     given this code's."""
-    built = _table_fits(path, checkpoint, schema, model, read, writes)
+    built = _table_fits(path, start_over, schema, model, read, writes)
     if built is not None:
         if writes is not None and built.writes is None:
             spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('{WRITES_PROPERTY}' = '{writes}')")
@@ -1133,12 +1140,12 @@ def _create_table(
 
 
 def _table_fits(
-    path: Path, checkpoint: Path, schema: StructType, model: ReadModel, read: bool, writes: str | None = None
+    path: Path, start_over: Callable[[], None], schema: StructType, model: ReadModel, read: bool, writes: str | None = None
 ) -> _Built | None:
     """The table as built, when it is there as the read model declares it; None when there
     is none. When it is there as another: a generation readers use (`read`) is refused,
     naming the changes; one still being built (a first run or a rebuild that stopped before
-    readers moved to it) is removed, checkpoint and all, to start over (None)."""
+    readers moved to it) is started over (`start_over`: its table and checkpoint removed; None)."""
     table = _delta_table(path)
     if table is None:
         return None
@@ -1154,8 +1161,7 @@ def _table_fits(
             f"merged another; raise its ReadModel.version to build it again from the events (or `esk project run "
             f"{model.name} --rebuild`)"
         )
-    shutil.rmtree(path)
-    shutil.rmtree(checkpoint, ignore_errors=True)
+    start_over()
     return None
 
 
