@@ -24,7 +24,7 @@ from esk.broker.embedded import BrokerNode
 from esk.broker.ports import free_port, free_port_pair
 from esk.kafka.client_options import client_options
 from esk.kafka.reader import group_member
-from esk.kafka.topics import TopicNames, coordinators_ready, ensure_topics, topic_specs
+from esk.kafka.topics import TopicNames, coordinators_ready, ensure_topics, topic_configs, topic_specs
 from esk.registry import load_registry
 from esk.settings import BrokerSettings, Settings
 from tests.system import wait_for
@@ -93,11 +93,12 @@ async def test_topics_are_created_as_specified_and_init_is_idempotent(settings: 
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers)
     await admin.start()
     try:
-        responses = await admin.describe_configs(
-            [ConfigResource(ConfigResourceType.TOPIC, n) for n in (names.changelog, names.events("orders"))]
-        )
-        configs = {r[3]: {e[0]: e[1] for e in r[4]} for resp in responses for r in resp.resources}
+        configs = await topic_configs(admin, [names.changelog, names.events("orders")])
         described = {d["topic"]: d for d in await admin.describe_topics([names.changelog])}
+        # a broker that does not know a topic (yet) says so for that topic alone: raised, so
+        # ensure_topics asks again rather than report a topic without its configs
+        with pytest.raises(UnknownTopicOrPartitionError):
+            await topic_configs(admin, [names.changelog, names.events("nobody")])
     finally:
         await admin.close()
     assert configs[names.changelog]["cleanup.policy"] == "compact"

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
 
 from ..settings import Settings
 from .admin import retry_while_brokers_fail
@@ -162,16 +162,25 @@ async def _wait_until_visible(admin: AIOKafkaAdminClient, names: list[str], time
         await asyncio.sleep(0.1)
 
 
+async def topic_configs(admin: AIOKafkaAdminClient, names: list[str]) -> dict[str, dict[str, str]]:
+    """The configs of the topics `names`, by name. The broker asked answers for each topic on
+    its own, and may not know one yet (its metadata behind the controller's, for a moment
+    after a topic is made or a peer dies): that answer is raised, to be asked again or
+    shown, never read as a topic without configs."""
+    resources = [ConfigResource(ConfigResourceType.TOPIC, name) for name in names]
+    configs: dict[str, dict[str, str]] = {}
+    for response in await admin.describe_configs(resources):
+        for error_code, message, _type, name, entries, *_ in response.resources:
+            if error_code:
+                raise for_code(error_code)(f"the configs of {name}: {message}")
+            configs[name] = {entry[0]: entry[1] for entry in entries}
+    return configs
+
+
 async def _check(admin: AIOKafkaAdminClient, specs: list[TopicSpec], report: TopicReport) -> None:
     described = await retry_while_brokers_fail(functools.partial(admin.describe_topics, [s.name for s in specs]))
     by_name = {d["topic"]: d for d in described}
-    resources = [ConfigResource(ConfigResourceType.TOPIC, s.name) for s in specs]
-    configs = await retry_while_brokers_fail(functools.partial(admin.describe_configs, resources))
-    actual_configs: dict[str, dict[str, str]] = {}
-    for response in configs:
-        for resource in response.resources:
-            _error, _message, _type, name, entries = resource[:5]
-            actual_configs[name] = {entry[0]: entry[1] for entry in entries}
+    actual_configs = await retry_while_brokers_fail(functools.partial(topic_configs, admin, [s.name for s in specs]))
     for s in specs:
         problems: list[str] = []
         partitions = by_name[s.name]["partitions"]
