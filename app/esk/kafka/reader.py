@@ -4,6 +4,8 @@ tools and tests), and where a transaction is still open on a partition."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -50,17 +52,27 @@ def group_member(
     )
 
 
-async def open_transactions(settings: Settings, tps: list[TopicPartition]) -> dict[TopicPartition, tuple[int, int]]:
-    """The partitions of `tps` where a transaction is still open, each with its last stable
-    offset (where its first open transaction starts, and where a read_committed reader
-    stops) and its high watermark."""
+OpenTransactions = Callable[[list[TopicPartition]], Awaitable[dict[TopicPartition, tuple[int, int]]]]
+
+
+@contextlib.asynccontextmanager
+async def transaction_watch(settings: Settings) -> AsyncIterator[OpenTransactions]:
+    """A look at where a transaction is still open, for as many looks as a wait takes on the
+    same pair of readers (not a pair started and stopped on each). Each look answers with
+    the partitions of those asked where one is open, each with its last stable offset (where
+    its first open transaction starts, and where a read_committed reader stops) and its high
+    watermark."""
     committed, everything = committed_reader(settings), lone_reader(settings, "read_uncommitted")
+
+    async def open_transactions(tps: list[TopicPartition]) -> dict[TopicPartition, tuple[int, int]]:
+        stable, high = await asyncio.gather(committed.end_offsets(tps), everything.end_offsets(tps))
+        return {tp: (stable[tp], high[tp]) for tp in tps if stable[tp] < high[tp]}
+
     try:
         await asyncio.gather(committed.start(), everything.start())
-        stable, high = await asyncio.gather(committed.end_offsets(tps), everything.end_offsets(tps))
+        yield open_transactions
     finally:
         await asyncio.gather(stop_consumer(committed), stop_consumer(everything))
-    return {tp: (stable[tp], high[tp]) for tp in tps if stable[tp] < high[tp]}
 
 
 async def read_committed(settings: Settings, topic: str) -> list[ConsumerRecord[bytes, bytes]]:

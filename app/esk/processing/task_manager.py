@@ -31,7 +31,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import ProducerFenced
 from aiokafka.structs import ConsumerRecord
 
-from ..kafka.reader import committed_reader, open_transactions
+from ..kafka.reader import committed_reader, transaction_watch
 from ..kafka.stopping import stop_consumer
 from ..kafka.topics import TopicNames
 from ..metrics import (
@@ -436,20 +436,21 @@ class TaskManager:
         again once the next commit here marks it as committed too."""
         tp = TopicPartition(self.topics.changelog, number)
         waiting_since, told = time.monotonic(), -math.inf
-        while open_ := await open_transactions(self.settings, [tp]):
-            stable, high = open_[tp]
-            waited = time.monotonic() - waiting_since
-            if waited >= CHANGELOG_SETTLE_WARN_S and waited - told >= CHANGELOG_SETTLE_REPEAT_S:
-                told = waited
-                log.error(
-                    "partition %d: a transaction open on %s from offset %d (its end is %d) for %.0f s "
-                    "after the previous owner was fenced; the partition waits for it. A broker that lost "
-                    "its markers (Kafka 4.1 to 4.4, KAFKA-20734) leaves it open for good: list it with "
-                    "kafka-transactions.sh find-hanging, check its records, and abort it with "
-                    "kafka-transactions.sh abort (with every partition it left open)",
-                    number, tp.topic, stable, high, waited,
-                )
-            await asyncio.sleep(CHANGELOG_SETTLE_POLL_S)
+        async with transaction_watch(self.settings) as open_transactions:
+            while open_ := await open_transactions([tp]):
+                stable, high = open_[tp]
+                waited = time.monotonic() - waiting_since
+                if waited >= CHANGELOG_SETTLE_WARN_S and waited - told >= CHANGELOG_SETTLE_REPEAT_S:
+                    told = waited
+                    log.error(
+                        "partition %d: a transaction open on %s from offset %d (its end is %d) for %.0f s "
+                        "after the previous owner was fenced; the partition waits for it. A broker that lost "
+                        "its markers (Kafka 4.1 to 4.4, KAFKA-20734) leaves it open for good: list it with "
+                        "kafka-transactions.sh find-hanging, check its records, and abort it with "
+                        "kafka-transactions.sh abort (with every partition it left open)",
+                        number, tp.topic, stable, high, waited,
+                    )
+                await asyncio.sleep(CHANGELOG_SETTLE_POLL_S)
 
     async def _restored_store(self, number: int) -> RocksDBStore:
         path = self.directory.store_path(number)
