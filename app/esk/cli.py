@@ -816,12 +816,13 @@ def subscriptions_list() -> None:
 def subscriptions_status(
     name: Annotated[str | None, typer.Argument(help="One subscription (default: all).")] = None,
 ) -> None:
-    """Each subscription's lag per input partition, and whether it has caught up; exit 1 if one has not."""
+    """Each subscription's lag per input partition, and whether it has caught up; exit 1 if one
+    has not (or could not be read), else 2 if one holds parked events, which wait for an operator."""
     from rich.table import Table
 
     settings = load_settings()
     names = [name] if name is not None else list(configured_subscriptions(settings))
-    behind = []
+    behind, holding = [], []
     for each in names:
         try:
             status = asyncio.run(subscription_operations(settings, each).status())
@@ -845,8 +846,10 @@ def subscriptions_status(
         )
         if not status.caught_up:
             behind.append(status.name)
-    if behind:
-        raise typer.Exit(code=1)
+        if status.parked:
+            holding.append(status.name)
+    if behind or holding:
+        raise typer.Exit(code=1 if behind else 2)
 
 
 @subscriptions_cli.command("parked")

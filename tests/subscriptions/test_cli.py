@@ -91,12 +91,12 @@ def test_the_subscriptions_commands(settings: Settings, env: dict[str, str], tmp
         stderr=subprocess.DEVNULL,
     )
     try:
-        wait_until(lambda: esk("subscriptions", "status", "customer_ledger")[0] == 0, 60, "the ledger to catch up")
+        wait_until(lambda: esk("subscriptions", "status", "customer_ledger")[0] == 2, 60, "the ledger to catch up, o3 parked")
         wait_until(lambda: _metric(port, "esk_subscription_caught_up") == 1.0, 30, "the metric to say so")
         code, out = esk("subscriptions", "parked", "customer_ledger")
         assert code == 0 and "o3" in out and "undecodable" in out and "1 parked" in out
         code, out = esk("subscriptions", "status", "customer_ledger")  # caught up, and says what it holds back
-        assert code == 0 and "customer_ledger: caught up; 1 parked (esk subscriptions parked customer_ledger)" in out
+        assert code == 2 and "customer_ledger: caught up; 1 parked (esk subscriptions parked customer_ledger)" in out
         wait_until(lambda: _metric(port, "esk_subscription_parked") == 1.0, 30, "the subscriber to count it")
 
         code, out = esk("subscriptions", "reset", "customer_ledger", "--to", "earliest")  # while it runs: the offsets are its database's
@@ -109,6 +109,8 @@ def test_the_subscriptions_commands(settings: Settings, env: dict[str, str], tmp
         assert "skipped" in out and "ops@example" in out
         # skipped from the command line, under the running subscriber: it counts from its store
         wait_until(lambda: _metric(port, "esk_subscription_parked") == 0.0, 30, "the subscriber to count none")
+        code, out = esk("subscriptions", "status", "customer_ledger")
+        assert code == 0 and "customer_ledger: caught up\n" in out, out
     finally:
         subscriber.send_signal(signal.SIGTERM)
         subscriber.wait(30)
