@@ -234,7 +234,10 @@ def topics_init(
 def init_topics(settings: Settings) -> None:
     registry = domain_registry(settings)
     require_kafka_access(settings, "making or checking the topics")
-    report = asyncio.run(ensure_topics(settings, topic_specs(settings, registry)))
+    try:
+        report = asyncio.run(ensure_topics(settings, topic_specs(settings, registry)))
+    except (KafkaError, TimeoutError) as error:  # refused (an ACL), or no answer after a minute of asking
+        raise fail(f"making or checking the topics failed: {error!r}") from None
     if (unanswered := asyncio.run(coordinators_ready(settings))) is not None:
         err.print(f"[yellow]warning:[/yellow] the group and transaction coordinators did not answer: {escape(unanswered)}", highlight=False)
     for name in report.created:

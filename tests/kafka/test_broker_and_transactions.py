@@ -17,8 +17,10 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.errors import KafkaError, UnknownTopicOrPartitionError
+from aiokafka.errors import KafkaError, TopicAuthorizationFailedError, UnknownTopicOrPartitionError
+from typer.testing import CliRunner
 
+from esk import cli as esk_cli
 from esk.broker import BrokerError, EmbeddedBroker
 from esk.broker.embedded import BrokerNode
 from esk.broker.ports import free_port, free_port_pair
@@ -135,6 +137,25 @@ async def test_a_wrong_partition_count_or_policy_is_reported(settings: Settings)
         f"{events} has retention.ms=604800000, expected -1 (events are kept forever, and Kafka deletes them past any other: "
         f"`kafka-configs.sh --alter --entity-type topics --entity-name {events} --add-config retention.ms=-1`)"
     ]
+
+
+def test_topics_init_refused_by_the_cluster_says_so_in_a_line(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cluster that answers but refuses a topic request (an ACL without DescribeConfigs,
+    say): one error line, not a traceback."""
+
+    async def refused(*_: object) -> None:
+        raise TopicAuthorizationFailedError("the configs of t.accounts.events: not authorized")
+
+    monkeypatch.setenv("ESK_APP", settings.app)
+    monkeypatch.setenv("ESK_KAFKA__BOOTSTRAP_SERVERS", settings.bootstrap_servers)
+    monkeypatch.setenv("COLUMNS", "250")
+    monkeypatch.setattr(esk_cli, "ensure_topics", refused)
+    result = CliRunner().invoke(esk_cli.cli, ["topics", "init"])
+    assert result.exit_code == 1
+    assert result.output.strip() == (
+        "error: making or checking the topics failed: "
+        "TopicAuthorizationFailedError('the configs of t.accounts.events: not authorized')"
+    )
 
 
 def test_esk_clients_never_make_a_topic_the_broker_would_make_on_its_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
