@@ -437,8 +437,6 @@ def project_parked(
     """The aggregates the read model holds back: an event of each failed its batch, and its
     events from there on wait out of the table until a rebuild (after a fix, a raised
     ReadModel.version, or `esk project run NAME --rebuild`) takes them in again."""
-    from datetime import UTC, datetime
-
     from .projections.catalog import Tables, select_read_models
 
     if output not in ("table", "csv", "json"):
@@ -455,7 +453,7 @@ def project_parked(
     columns = ["aggregate_type", "aggregate_id", "event_type", "partition", "offset", "batch", "parked_at", "reason"]
     rows: list[list[Any]] = [
         [p.aggregate_type, p.aggregate_id, p.event_type, p.partition, p.offset, p.batch_id,
-         datetime.fromtimestamp(p.parked_at / 1000, UTC).isoformat(timespec="seconds"), p.reason]
+         _utc_ms(p.parked_at), p.reason]
         for p in parked
     ]
     print_rows(columns, rows, output)
@@ -860,17 +858,23 @@ def subscriptions_parked(
     name: NameArgument,
     include_resolved: Annotated[bool, typer.Option("--all", help="Retried and skipped ones too.")] = False,
 ) -> None:
-    """The subscription's parked events, in order per aggregate, with the reason."""
-    from datetime import UTC, datetime
-
+    """The subscription's parked events, in order per aggregate, with the reason (and, for one
+    a reset's replay parked again, how it was resolved before)."""
     from rich.table import Table
 
     parked = _operate(name, lambda operations: operations.parked(include_resolved))
-    table = Table("aggregate", "event", "position", "parked at", "attempts", "reason", *(("status", "by") if include_resolved else ()))
+    earlier = any(event.earlier for event in parked)
+    table = Table(
+        "aggregate", "event", "position", "parked at", "attempts", "reason",
+        *(("status", "by") if include_resolved else ()), *(("earlier",) if earlier else ()),
+    )
     for event in sorted(parked, key=lambda e: (e.aggregate_id, e.topic, e.partition, e.offset)):
-        when = datetime.fromtimestamp(event.parked_at / 1000, UTC).isoformat(timespec="seconds")
         resolved = (event.status.value, event.resolved_by or "") if include_resolved else ()
-        table.add_row(event.aggregate_id, event.event_type or "?", event.position, when, str(event.attempts), event.reason, *resolved)
+        before = ("; ".join(f"{r.status} by {r.by or '?'} at {_utc_ms(r.at)}" for r in event.earlier),) if earlier else ()
+        table.add_row(
+            event.aggregate_id, event.event_type or "?", event.position, _utc_ms(event.parked_at), str(event.attempts),
+            event.reason, *resolved, *before,
+        )
     print_table(table)
     console.print(f"{name}: {sum(e.status == 'parked' for e in parked)} parked", highlight=False)
 
@@ -889,6 +893,12 @@ def subscriptions_skip(name: NameArgument, aggregate: AggregateOption = None, by
     not decode), and handle those again, in order; who skipped it and when is recorded."""
     report = _operate(name, lambda operations: operations.skip(aggregate, by or _os_user()))
     _print_resolved(name, "skipped", report)
+
+
+def _utc_ms(ms: int | None) -> str:
+    from datetime import UTC, datetime
+
+    return "?" if ms is None else datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="seconds")
 
 
 def _print_resolved(name: str, done: str, report: Any) -> None:

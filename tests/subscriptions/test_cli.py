@@ -106,7 +106,12 @@ def test_the_subscriptions_commands(settings: Settings, env: dict[str, str], tmp
         code, out = esk("subscriptions", "skip", "customer_ledger", "--aggregate", "o3", "--by", "ops@example")
         assert code == 0 and "1 skipped" in out
         code, out = esk("subscriptions", "parked", "customer_ledger", "--all")
-        assert "skipped" in out and "ops@example" in out
+        assert "skipped" in out and "ops@example" in out and "earlier" not in out
+        # A replay parks it again; its entry keeps who skipped it the first time.
+        assert esk("subscriptions", "reset", "customer_ledger", "--to", "earliest")[0] == 0
+        wait_until(lambda: "skipped by ops@example at " in esk("subscriptions", "parked", "customer_ledger")[1], 60, "the replay to park o3 again")
+        code, out = esk("subscriptions", "skip", "customer_ledger", "--aggregate", "o3", "--by", "ops@example")
+        assert code == 0 and "1 skipped" in out
         # skipped from the command line, under the running subscriber: it counts from its store
         wait_until(lambda: _metric(port, "esk_subscription_parked") == 0.0, 30, "the subscriber to count none")
         code, out = esk("subscriptions", "status", "customer_ledger")

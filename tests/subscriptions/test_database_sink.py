@@ -19,7 +19,7 @@ from domain.orders import Placed, orders
 from esk import DatabaseContext, DatabaseHandler, PostgreSQL, Retries, SQLite, run_subscription
 from esk.protocol import EventRecord
 from esk.subscriptions.database import Database, DatabaseConfig
-from esk.subscriptions.database_sink import DatabaseSink, DatabaseUnit, load_parked, prepare, read_offsets, rewind
+from esk.subscriptions.database_sink import ESK_TABLES, DatabaseSink, DatabaseUnit, load_parked, prepare, read_offsets, rewind
 from esk.subscriptions.parking import ParkedEvent, ParkStatus
 from esk.subscriptions.postgres import PostgresDatabase
 from esk.subscriptions.routing import Router
@@ -354,6 +354,66 @@ async def test_a_partition_opens_knowing_why_each_aggregate_was_parked_first(mem
     await unit.commit(None)
     assert (await DatabaseSink(database, ledger, TP).open()).parked == {"a": "no", "b": "newer"}
     await database.close()
+
+
+async def test_an_event_parked_again_where_one_was_resolved_keeps_how(member: Member) -> None:
+    """A reset's replay parks an event that was skipped (or retried) before: the new entry
+    holds who resolved the one before, and when; a third parking holds both."""
+    database = await member()
+    sink = DatabaseSink(database, ledger, TP)
+    await sink.open()
+    unit = await sink.begin()
+    assert await unit.entry_at(3) is None
+    await unit.park(_parked("a", 3, "no").resolved(ParkStatus.SKIPPED, "alice"))
+    await unit.commit(None)
+    async with database.transaction() as tx:
+        await rewind(tx.esk, "ledger", {TP: 0})  # resolved entries stay: the record of who did it
+
+    for reason, by in (("still no", "bob"), ("no again", None)):
+        unit = await sink.begin()
+        before = await unit.entry_at(3)
+        assert before is not None
+        again = _parked("a", 3, reason).after(before)
+        await unit.park(again if by is None else again.resolved(ParkStatus.RETRIED, by))
+        await unit.commit(None)
+    [entry] = await _all_parked(database)
+    assert (entry.status, entry.reason, entry.resolved_by) == (ParkStatus.PARKED, "no again", None)
+    assert [(r.status, r.by, r.reason) for r in entry.earlier] == [
+        (ParkStatus.SKIPPED, "alice", "no"), (ParkStatus.RETRIED, "bob", "still no")
+    ]
+    assert all(r.at is not None and r.at <= entry.parked_at for r in entry.earlier)
+    await database.close()
+
+
+async def test_members_starting_together_both_start_and_an_earlier_releases_table_gets_its_new_column(
+    store: DatabaseConfig, tmp_path: Path
+) -> None:
+    """Two members of one subscription starting together make esk's tables and the new
+    column of an `esk_parked` made before esk kept earlier resolutions, one after the other
+    (PostgreSQL's CREATE TABLE IF NOT EXISTS fails the second of two at once), and the old
+    table's rows read as before."""
+    database = store.connect(tmp_path / "unused.sqlite")
+    await database.open()
+    old_table = ESK_TABLES[1].replace("earlier TEXT NOT NULL DEFAULT '[]',", "")
+    assert old_table != ESK_TABLES[1]
+    async with database.transaction() as tx:
+        await tx.esk.execute(old_table)
+        await tx.esk.execute(
+            "INSERT INTO esk_parked (subscription, topic, kafka_partition, kafka_offset, aggregate_id, event_type, status, "
+            "reason, attempts, parked_at, record_headers) VALUES ('ledger', ?, ?, 3, 'a', 'Placed', 'parked', 'no', 1, 0, '[]')",
+            (TP.topic, TP.partition),
+        )
+    others = [store.connect(tmp_path / "unused.sqlite") for _ in range(2)]
+    await asyncio.gather(*(prepare(other, ledger) for other in others))
+    [entry] = await _all_parked(database)
+    assert (entry.aggregate_id, entry.offset, entry.reason, entry.earlier) == ("a", 3, "no", ())
+    for db in (database, *others):
+        await db.close()
+
+
+async def _all_parked(database: Database) -> list[ParkedEvent]:
+    async with database.transaction() as tx:
+        return await load_parked(tx.esk, "ledger", None)
 
 
 def test_the_first_reason_of_each_aggregate_is_its_lowest_offsets() -> None:

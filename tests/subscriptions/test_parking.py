@@ -180,6 +180,18 @@ async def test_a_skip_drops_the_event_that_failed_and_handles_those_that_waited_
             await add_line(running.client, "bad")  # and it flows again
             await wait_for(lambda: ("bad", 4) in recorder.applied(settings), what="bad's fourth event")
 
+        # A replay (the Kafka kinds' reset waits for no member) meets the handler refusing
+        # the order again: parked again, each entry keeps how it was resolved the first time.
+        recorder.broken = "bad"
+        await operations.reset(None, keep_data=True)
+        async with subscriber(settings, recorder.subscription, running.registry) as member:
+            await member.caught_up()
+            parked = await operations.parked()
+        assert [(p.event_type, [(r.status, r.by) for r in p.earlier]) for p in parked] == [
+            ("Placed", [("skipped", "tester")]), ("LineAdded", [("retried", "tester")]),
+            ("LineAdded", [("retried", "tester")]), ("LineAdded", []),
+        ]
+
 
 async def _parked_count(operations: SubscriptionOperations, count: int) -> bool:
     return len(await operations.parked()) == count

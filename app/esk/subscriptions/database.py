@@ -53,6 +53,12 @@ class Transaction(ABC):
         """An async context manager: what runs inside it is undone alone if it raises."""
 
     @abstractmethod
+    async def lock_schema(self) -> None:
+        """Until this transaction ends, no other that asked the same changes the schema: two
+        members starting together both run `CREATE TABLE IF NOT EXISTS`, which PostgreSQL
+        does not serialize."""
+
+    @abstractmethod
     async def commit(self) -> None: ...
 
     @abstractmethod
@@ -168,6 +174,9 @@ class _SQLiteTransaction(Transaction):
             self._connection.execute(f"RELEASE {name}")
             raise
         self._connection.execute(f"RELEASE {name}")
+
+    async def lock_schema(self) -> None:
+        """Held already: BEGIN IMMEDIATE took the file's write lock."""
 
     async def commit(self) -> None:
         try:

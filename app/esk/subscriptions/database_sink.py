@@ -14,7 +14,7 @@ from aiokafka import TopicPartition
 
 from .api import DatabaseHandler
 from .database import Database, Row, Sql, Transaction
-from .parking import ParkedEvent, ParkStatus
+from .parking import ParkedEvent, ParkStatus, Resolution
 from .routing import Delivery, call_handler
 from .sinks import Fenced, PartitionSink, StartingPoint, Unit, first_reasons
 
@@ -43,6 +43,7 @@ ESK_TABLES = (
         record_key BYTEA,
         record_value BYTEA,
         record_headers TEXT NOT NULL,
+        earlier TEXT NOT NULL DEFAULT '[]',
         PRIMARY KEY (subscription, topic, kafka_partition, kafka_offset))""",
     # An aggregate's parked events: looked up as each of its events arrives, and resolved
     # ones are kept (the record of who retried or skipped them).
@@ -50,34 +51,52 @@ ESK_TABLES = (
 )
 _PARKED_COLUMNS = (
     "subscription, topic, kafka_partition, kafka_offset, aggregate_id, event_type, status, reason, attempts, "
-    "parked_at, resolved_by, resolved_at, record_key, record_value, record_headers"
+    "parked_at, resolved_by, resolved_at, record_key, record_value, record_headers, earlier"
 )
+# Added after esk_parked was first released: a table made before it gets it at `prepare`.
+_ADDED_COLUMNS = ("earlier TEXT NOT NULL DEFAULT '[]'",)
 # One aggregate's parked events in one partition (DatabaseUnit._parked gives the values).
 _AGGREGATE_PARKED = "subscription = ? AND topic = ? AND kafka_partition = ? AND aggregate_id = ? AND status = ?"
-_HEADERS = msgspec.json.Encoder()
+_JSON = msgspec.json.Encoder()
 _HEADERS_DECODER = msgspec.json.Decoder(list[tuple[str, bytes]])
+_EARLIER_DECODER = msgspec.json.Decoder(tuple[Resolution, ...])
 
 
 async def prepare(database: Database, subscription: DatabaseHandler) -> None:
     """esk's tables and the subscription's own schema, in one transaction."""
     await database.open()
     async with database.transaction() as tx:
+        await tx.lock_schema()
         for statement in ESK_TABLES:
             await tx.esk.execute(statement)
+        for column in _ADDED_COLUMNS:
+            await _add_column(tx, "esk_parked", column)
         for statement in subscription.schema:
             await tx.sql.execute(statement)
 
 
+async def _add_column(tx: Transaction, table: str, column: str) -> None:
+    """`column` (its definition) added to `table` unless it is there: asked by selecting it,
+    as SQLite and PostgreSQL both answer, in a savepoint, since PostgreSQL's transaction
+    would not survive the error."""
+    name = column.split()[0]
+    try:
+        async with tx.savepoint():
+            await tx.esk.fetchall(f"SELECT {name} FROM {table} WHERE 1 = 0")
+    except Exception:
+        await tx.esk.execute(f"ALTER TABLE {table} ADD COLUMN {column}")
+
+
 async def save_parked(sql: Sql, event: ParkedEvent) -> None:
     await sql.execute(
-        f"INSERT INTO esk_parked ({_PARKED_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+        f"INSERT INTO esk_parked ({_PARKED_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
         "ON CONFLICT (subscription, topic, kafka_partition, kafka_offset) DO UPDATE SET status = excluded.status, "
-        "reason = excluded.reason, attempts = excluded.attempts, resolved_by = excluded.resolved_by, "
-        "resolved_at = excluded.resolved_at",
+        "reason = excluded.reason, attempts = excluded.attempts, parked_at = excluded.parked_at, "
+        "resolved_by = excluded.resolved_by, resolved_at = excluded.resolved_at, earlier = excluded.earlier",
         (
             event.subscription, event.topic, event.partition, event.offset, event.aggregate_id, event.event_type,
             event.status.value, event.reason, event.attempts, event.parked_at, event.resolved_by, event.resolved_at,
-            event.key, event.value, _HEADERS.encode(event.headers).decode(),
+            event.key, event.value, _JSON.encode(event.headers).decode(), _JSON.encode(event.earlier).decode(),
         ),
     )
 
@@ -93,11 +112,11 @@ async def load_parked(sql: Sql, subscription: str, status: ParkStatus | None = P
 
 def _parked_event(row: Row) -> ParkedEvent:
     (subscription, topic, partition, offset, aggregate_id, event_type, status, reason, attempts, parked_at,
-     resolved_by, resolved_at, key, value, headers) = row
+     resolved_by, resolved_at, key, value, headers, earlier) = row
     return ParkedEvent(
         subscription, topic, partition, offset, aggregate_id, event_type, reason, attempts,
         None if key is None else bytes(key), None if value is None else bytes(value), _HEADERS_DECODER.decode(headers),
-        parked_at, ParkStatus(status), resolved_by, resolved_at,
+        parked_at, ParkStatus(status), resolved_by, resolved_at, _EARLIER_DECODER.decode(earlier),
     )
 
 
@@ -203,6 +222,14 @@ class DatabaseUnit(Unit):
             f"SELECT {_PARKED_COLUMNS} FROM esk_parked WHERE {_AGGREGATE_PARKED} ORDER BY kafka_offset", self._parked(aggregate_id)
         )
         return [_parked_event(row) for row in rows]
+
+    async def entry_at(self, offset: int) -> ParkedEvent | None:
+        row = await self.transaction.esk.fetchone(
+            f"SELECT {_PARKED_COLUMNS} FROM esk_parked WHERE subscription = ? AND topic = ? AND kafka_partition = ? "
+            "AND kafka_offset = ?",
+            (*self.sink._where(), offset),
+        )
+        return None if row is None else _parked_event(row)
 
     async def parked_to_resolve(self, aggregate_id: str) -> list[ParkedEvent]:
         """A retry from the command line and a subscriber opening the partition run side by

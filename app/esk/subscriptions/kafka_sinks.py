@@ -20,7 +20,7 @@ from ..processing.streams_producer import StreamsProducer
 from ..settings import Settings
 from .api import AnySubscription
 from .parked_topic import ParkedTopic, parked_key
-from .parking import ParkedEvent
+from .parking import ParkedEvent, position
 from .routing import Delivery, Router, call_handler, command_envelope, reactor_commands
 from .sinks import Fenced, PartitionSink, StartingPoint, Unit, first_reasons
 
@@ -36,6 +36,11 @@ async def starting_point(consumer: AIOKafkaConsumer, parked_topic: ParkedTopic, 
 async def parked_in_topic(parked_topic: ParkedTopic, tp: TopicPartition, aggregate_id: str) -> list[ParkedEvent]:
     state = await parked_topic.refresh(parked_topic.partition_of(tp.partition))
     return [e for e in state.still_parked(tp.topic, tp.partition) if e.aggregate_id == aggregate_id]
+
+
+async def entry_in_topic(parked_topic: ParkedTopic, tp: TopicPartition, offset: int) -> ParkedEvent | None:
+    state = await parked_topic.refresh(parked_topic.partition_of(tp.partition))
+    return state.parked.get(position(tp.topic, tp.partition, offset))
 
 
 def parked_output(parked_topic: ParkedTopic, event: ParkedEvent) -> Output:
@@ -100,6 +105,9 @@ class TransactionalUnit(Unit):
     async def parked_of(self, aggregate_id: str) -> list[ParkedEvent]:
         return await parked_in_topic(self.sink.parked_topic, self.sink.tp, aggregate_id)
 
+    async def entry_at(self, offset: int) -> ParkedEvent | None:
+        return await entry_in_topic(self.sink.parked_topic, self.sink.tp, offset)
+
     async def commit(self, next_offset: int | None) -> None:
         outputs, self.outputs = self.outputs, []
         offsets = {self.sink.tp: next_offset} if next_offset is not None else None
@@ -157,6 +165,9 @@ class OffsetCommitUnit(Unit):
 
     async def parked_of(self, aggregate_id: str) -> list[ParkedEvent]:
         return await parked_in_topic(self.sink.parked_topic, self.sink.tp, aggregate_id)
+
+    async def entry_at(self, offset: int) -> ParkedEvent | None:
+        return await entry_in_topic(self.sink.parked_topic, self.sink.tp, offset)
 
     async def commit(self, next_offset: int | None) -> None:
         if next_offset is None:

@@ -25,6 +25,16 @@ class ParkStatus(StrEnum):
     SKIPPED = "skipped"  # dropped by `esk subscriptions skip`
 
 
+class Resolution(msgspec.Struct, frozen=True):
+    """How an event parked at the same position before was resolved: a reset's replay may
+    park it again, and the new entry keeps who retried or skipped it then."""
+
+    status: ParkStatus
+    by: str | None
+    at: int | None
+    reason: str  # what it had been parked for
+
+
 class ParkedEvent(msgspec.Struct, frozen=True):
     subscription: str
     topic: str
@@ -41,6 +51,7 @@ class ParkedEvent(msgspec.Struct, frozen=True):
     status: ParkStatus = ParkStatus.PARKED
     resolved_by: str | None = None
     resolved_at: int | None = None
+    earlier: tuple[Resolution, ...] = ()  # oldest first
 
     @classmethod
     def of(cls, subscription: str, record: ConsumerRecord[bytes, bytes], reason: str, attempts: int) -> ParkedEvent:
@@ -60,7 +71,7 @@ class ParkedEvent(msgspec.Struct, frozen=True):
 
     @property
     def position(self) -> str:
-        return f"{self.topic}/{self.partition}/{self.offset}"
+        return position(self.topic, self.partition, self.offset)
 
     def record(self) -> ConsumerRecord[bytes, bytes]:
         """The record as it was read, to be handled again."""
@@ -72,6 +83,16 @@ class ParkedEvent(msgspec.Struct, frozen=True):
 
     def resolved(self, status: ParkStatus, by: str) -> ParkedEvent:
         return msgspec.structs.replace(self, status=status, resolved_by=by, resolved_at=now_ms())
+
+    def after(self, before: ParkedEvent | None) -> ParkedEvent:
+        """This event, parked where `before` (the entry at its position, if any) was: what
+        resolved `before` is kept, and what resolved the ones before it."""
+        if before is None:
+            return self
+        earlier = before.earlier
+        if before.status is not ParkStatus.PARKED:
+            earlier += (Resolution(before.status, before.resolved_by, before.resolved_at, before.reason),)
+        return msgspec.structs.replace(self, earlier=earlier)
 
     def failed_again(self, reason: str, attempts: int) -> ParkedEvent:
         return msgspec.structs.replace(self, reason=reason, attempts=self.attempts + attempts)
@@ -87,6 +108,11 @@ class ParkedEvent(msgspec.Struct, frozen=True):
 
 _ENCODER = msgspec.json.Encoder()
 _DECODER = msgspec.json.Decoder(ParkedEvent)
+
+
+def position(topic: str, partition: int, offset: int) -> str:
+    """An input event's place, which names its parked entry."""
+    return f"{topic}/{partition}/{offset}"
 
 
 def aggregate_key(record: ConsumerRecord[bytes, bytes]) -> str:

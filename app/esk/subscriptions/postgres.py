@@ -104,6 +104,11 @@ class _EskSql(_PostgresSql):
         return await super().fetchall(sql.replace("?", "%s"), params)
 
 
+# The advisory lock esk's schema changes take: a key of esk's own, unlikely to be one an
+# application picked.
+_SCHEMA_LOCK = int.from_bytes(b"esk-ddl", "big")
+
+
 class _PostgresTransaction(Transaction):
     def __init__(self, database: PostgresDatabase, connection: psycopg.AsyncConnection[Row]) -> None:
         self._database = database
@@ -132,6 +137,9 @@ class _PostgresTransaction(Transaction):
                     raise  # the connection's error (it is gone, say) tells more than the handler's
                 # a cancellation (a stop, a revoke) stays one, or its task would not end
             raise
+
+    async def lock_schema(self) -> None:
+        await self._connection.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
 
     async def commit(self) -> None:
         try:

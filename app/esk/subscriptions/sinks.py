@@ -59,6 +59,11 @@ class Unit(ABC):
         store has them (a retry or skip from the command line may have resolved some since
         the partition started)."""
 
+    @abstractmethod
+    async def entry_at(self, offset: int) -> ParkedEvent | None:
+        """The entry this partition's store holds for the event at `offset`, whatever its
+        status (None: it was never parked)."""
+
     async def parked_to_resolve(self, aggregate_id: str) -> list[ParkedEvent]:
         """`parked_of`, for a unit that will resolve them: no other unit resolves them until
         this one ends. The Kafka kinds' open fenced whoever else could; a database's

@@ -213,6 +213,9 @@ class _MemoryUnit(Unit):
     async def parked_of(self, aggregate_id: str) -> list[ParkedEvent]:
         return [p for p in self.sink.run.parked if p.aggregate_id == aggregate_id]
 
+    async def entry_at(self, offset: int) -> ParkedEvent | None:
+        return None  # a run's events are each read once
+
     async def commit(self, next_offset: int | None) -> None:
         self.sink.run.commands.extend(self.commands)
         self.sink.run.parked.extend(self.parked)

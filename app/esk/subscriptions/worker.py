@@ -287,7 +287,7 @@ class PartitionWorker:
     async def _park(
         self, unit: Unit, record: ConsumerRecord[bytes, bytes], reason: str, attempts: int, verified: set[str]
     ) -> None:
-        event = ParkedEvent.of(self.subscription.name, record, reason, attempts)
+        event = ParkedEvent.of(self.subscription.name, record, reason, attempts).after(await unit.entry_at(record.offset))
         await unit.park(event)
         result = parked_result(reason)
         # A WARNING for what needs someone; INFO for what waits on its own (an event before
