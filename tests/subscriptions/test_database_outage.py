@@ -6,6 +6,7 @@ subscriptions that keep their offsets in Kafka still shows."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from pathlib import Path
 
@@ -83,9 +84,12 @@ async def test_a_subscriber_waits_for_its_database_at_its_start(
             assert "placed_log: its database answers, after " in caplog.text
 
             refused = _placed_log(f"postgresql://nobody@127.0.0.1:{port}/postgres")  # no such role
-            async with subscriber(settings, refused, running.registry) as member:
+            async with subscriber(settings, refused, running.registry) as failing:
                 with pytest.raises(psycopg.OperationalError, match='role "nobody" does not exist'):
-                    await asyncio.wait_for(member.task, 30)
+                    await asyncio.wait_for(failing.task, 30)
+            del failing
+            gc.collect()  # a consumer left open says so as it goes
+            assert "Unclosed AIOKafkaConsumer" not in caplog.text
     finally:
         await asyncio.to_thread(server.stop)
 

@@ -219,9 +219,14 @@ class SubscriptionRunner:
 
     async def run(self, stop: asyncio.Event) -> None:
         self._consumer = consumer = self._make_consumer()
-        if not await self._open_stores(consumer, stop):
-            await stop_consumer(consumer)  # made, never started: closed all the same
-            self._consumer = None
+        opened = False
+        try:
+            opened = await self._open_stores(consumer, stop)
+        finally:
+            if not opened:  # a stop meanwhile, or a database that answers and refuses
+                await stop_consumer(consumer)  # made, never started: closed all the same
+                self._consumer = None
+        if not opened:
             return
         self._open = True
         consumer.subscribe(self.router.topics, listener=_Listener(self))
