@@ -171,9 +171,10 @@ class BrokerNode:
 
     def _single_node_session(self) -> dict[str, str]:
         """A single node restarted is its own controller: Kafka 4.0's refuses the new broker's
-        registration until the old one's session runs out (KAFKA-19130, fixed in 4.1), 9 s
+        registration until the old one's session runs out (KAFKA-19130, fixed after 4.0), 9 s
         by default, so each restart took 10 s more than its start. The node heartbeats to
-        itself over loopback; a shorter session costs nothing else."""
+        itself over loopback: only a process stalled for 3 s would fence itself, until its
+        next heartbeat."""
         return {"broker.session.timeout.ms": "3000", "broker.heartbeat.interval.ms": "1000"}
 
     def _listener_properties(self) -> dict[str, str]:
