@@ -929,9 +929,11 @@ def subscriptions_reset(
     keep_data: Annotated[
         bool, typer.Option("--keep-data", help="A database handler: replay into its tables as they are (on_reset not run); needed for --to <time>.")
     ] = False,
+    by: ByOption = None,
 ) -> None:
     """Replay: rewind the offsets (a database handler's on_reset hook runs in the same
-    transaction); handlers see ctx.replaying until the subscription is back where it was."""
+    transaction); handlers see ctx.replaying until the subscription is back where it was.
+    Events still parked past the new offsets are marked reset (recorded, as a skip is)."""
     from datetime import UTC, datetime
 
     if to == "earliest":
@@ -943,7 +945,7 @@ def subscriptions_reset(
             raise fail(f"--to must be earliest or an ISO 8601 time, not {to!r}") from None
         if when.tzinfo is None:
             when = when.replace(tzinfo=UTC)
-    offsets = _operate(name, lambda operations: operations.reset(when, keep_data))
+    offsets = _operate(name, lambda operations: operations.reset(when, keep_data, by or _os_user()))
     for tp, offset in sorted(offsets.items()):
         console.print(f"{tp.topic}/{tp.partition} -> {offset}", highlight=False)
     console.print(f"{name}: reset to {to}", highlight=False)

@@ -109,7 +109,7 @@ async def test_a_reset_fences_the_running_member_and_marks_the_replay(member: Me
     await write(running, "running", 1, next_offset=30)
     async with tool_db.transaction() as tx:
         await tx.sql.execute("DELETE FROM written")  # what an on_reset hook does
-        await rewind(tx.esk, "ledger", {TP: 0})
+        await rewind(tx.esk, "ledger", {TP: 0}, "tool")
     with pytest.raises(Fenced):
         await write(running, "running", 2, next_offset=40)
     start = await DatabaseSink(running_db, ledger, TP).open()
@@ -358,7 +358,8 @@ async def test_a_partition_opens_knowing_why_each_aggregate_was_parked_first(mem
 
 async def test_an_event_parked_again_where_one_was_resolved_keeps_how(member: Member) -> None:
     """A reset's replay parks an event that was skipped (or retried) before: the new entry
-    holds who resolved the one before, and when; a third parking holds both."""
+    holds who resolved the one before, and when. One still parked as a reset rewinds past
+    it is marked reset, not dropped: parked once more, its entry holds both."""
     database = await member()
     sink = DatabaseSink(database, ledger, TP)
     await sink.open()
@@ -366,20 +367,24 @@ async def test_an_event_parked_again_where_one_was_resolved_keeps_how(member: Me
     assert await unit.entry_at(3) is None
     await unit.park(_parked("a", 3, "no").resolved(ParkStatus.SKIPPED, "alice"))
     await unit.commit(None)
-    async with database.transaction() as tx:
-        await rewind(tx.esk, "ledger", {TP: 0})  # resolved entries stay: the record of who did it
 
-    for reason, by in (("still no", "bob"), ("no again", None)):
+    async def rewind_and_park_again(reason: str, by: str) -> ParkedEvent:
+        async with database.transaction() as tx:
+            await rewind(tx.esk, "ledger", {TP: 0}, by)
         unit = await sink.begin()
-        before = await unit.entry_at(3)
-        assert before is not None
-        again = _parked("a", 3, reason).after(before)
-        await unit.park(again if by is None else again.resolved(ParkStatus.RETRIED, by))
+        await unit.park(_parked("a", 3, reason).after(await unit.entry_at(3)))
         await unit.commit(None)
-    [entry] = await _all_parked(database)
+        [entry] = await _all_parked(database)
+        return entry
+
+    entry = await rewind_and_park_again("still no", "bob")  # a skipped entry stays as it was
+    assert (entry.status, entry.reason, [(r.status, r.by) for r in entry.earlier]) == (
+        ParkStatus.PARKED, "still no", [(ParkStatus.SKIPPED, "alice")]
+    )
+    entry = await rewind_and_park_again("no again", "carol")  # a parked one is marked reset by carol
     assert (entry.status, entry.reason, entry.resolved_by) == (ParkStatus.PARKED, "no again", None)
     assert [(r.status, r.by, r.reason) for r in entry.earlier] == [
-        (ParkStatus.SKIPPED, "alice", "no"), (ParkStatus.RETRIED, "bob", "still no")
+        (ParkStatus.SKIPPED, "alice", "no"), (ParkStatus.RESET, "carol", "still no")
     ]
     assert all(r.at is not None and r.at <= entry.parked_at for r in entry.earlier)
     await database.close()

@@ -191,6 +191,17 @@ async def test_a_skip_drops_the_event_that_failed_and_handles_those_that_waited_
             ("Placed", [("skipped", "tester")]), ("LineAdded", [("retried", "tester")]),
             ("LineAdded", [("retried", "tester")]), ("LineAdded", []),
         ]
+        # A reset past events still parked marks them reset (kept, not dropped); the next
+        # replay parks them with that too.
+        await operations.reset(None, keep_data=True, by="ops")
+        assert await operations.parked() == []
+        assert {p.status for p in await operations.parked(True)} == {"reset"}
+        async with subscriber(settings, recorder.subscription, running.registry) as member:
+            await member.caught_up()
+            again = await operations.parked()
+        assert [[(r.status, r.by) for r in p.earlier] for p in again] == [
+            [*[(r.status, r.by) for r in p.earlier], ("reset", "ops")] for p in parked
+        ]
 
 
 async def _parked_count(operations: SubscriptionOperations, count: int) -> bool:

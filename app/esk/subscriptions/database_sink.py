@@ -12,6 +12,7 @@ from __future__ import annotations
 import msgspec
 from aiokafka import TopicPartition
 
+from ..protocol import now_ms
 from .api import DatabaseHandler
 from .database import Database, Row, Sql, Transaction
 from .parking import ParkedEvent, ParkStatus, Resolution
@@ -128,10 +129,11 @@ async def read_offsets(sql: Sql, subscription: str) -> dict[TopicPartition, tupl
     return {TopicPartition(topic, partition): (next_offset, replay_until) for topic, partition, next_offset, replay_until in rows}
 
 
-async def rewind(sql: Sql, subscription: str, offsets: dict[TopicPartition, int]) -> None:
+async def rewind(sql: Sql, subscription: str, offsets: dict[TopicPartition, int], by: str) -> None:
     """Set each partition's next offset, remembering how far it had been (what is handled
-    again below that is a replay); parked events at or after the new offset go, since the
-    replay meets them again."""
+    again below that is a replay); events parked at or after the new offset are marked reset
+    (by `by`), since the replay meets them again: kept, with the record of how each was
+    resolved before, for the replay's parking of them."""
     current = await read_offsets(sql, subscription)
     for tp, offset in offsets.items():
         before, replay_until = current.get(tp, (0, 0))
@@ -142,9 +144,9 @@ async def rewind(sql: Sql, subscription: str, offsets: dict[TopicPartition, int]
             (subscription, tp.topic, tp.partition, offset, max(before, replay_until)),
         )
         await sql.execute(
-            "DELETE FROM esk_parked WHERE subscription = ? AND topic = ? AND kafka_partition = ? AND kafka_offset >= ? "
-            "AND status = ?",
-            (subscription, tp.topic, tp.partition, offset, ParkStatus.PARKED.value),
+            "UPDATE esk_parked SET status = ?, resolved_by = ?, resolved_at = ? WHERE subscription = ? AND topic = ? "
+            "AND kafka_partition = ? AND kafka_offset >= ? AND status = ?",
+            (ParkStatus.RESET.value, by, now_ms(), subscription, tp.topic, tp.partition, offset, ParkStatus.PARKED.value),
         )
 
 

@@ -184,13 +184,14 @@ class SubscriptionOperations:
         finally:
             await sink.close()
 
-    async def reset(self, to: datetime | None, keep_data: bool = False) -> dict[TopicPartition, int]:
+    async def reset(self, to: datetime | None, keep_data: bool = False, by: str = "esk") -> dict[TopicPartition, int]:
         """Rewind to the earliest offsets (`to` None) or to the first record at or after
         `to`; return the new offsets. A database handler's `on_reset` hook clears its tables
         in the rewind's transaction, for a replay from the earliest offsets; `keep_data`
         leaves them as they are instead, the replay taking events they hold again. Without
         it, a database handler is not rewound to a time (its `on_reset` would clear what a
-        replay from there never writes again), nor at all without an `on_reset`."""
+        replay from there never writes again), nor at all without an `on_reset`. Events still
+        parked past the new offsets are marked reset by `by`."""
         subscription = self.subscription
         if isinstance(subscription, DatabaseHandler) and not keep_data:
             if to is not None:
@@ -211,20 +212,20 @@ class SubscriptionOperations:
         beginning, _, at = await partition_offsets(self.settings, tps, at_ms)
         offsets = beginning if to is None else at
         if isinstance(self.subscription, DatabaseHandler):
-            await self._reset_database(offsets, clear=not keep_data)
+            await self._reset_database(offsets, not keep_data, by)
         else:
-            await self._reset_group(offsets)
+            await self._reset_group(offsets, by)
         return offsets
 
-    async def _reset_database(self, offsets: dict[TopicPartition, int], clear: bool) -> None:
+    async def _reset_database(self, offsets: dict[TopicPartition, int], clear: bool, by: str) -> None:
         assert isinstance(self.subscription, DatabaseHandler)
         # before its first run too: it starts from there (product.md)
         async with self._stores(make_database=True) as stores, _transaction(stores) as tx:
             if clear and self.subscription.on_reset is not None:
                 await self.subscription.on_reset(tx.sql)
-            await rewind(tx.esk, self.subscription.name, offsets)
+            await rewind(tx.esk, self.subscription.name, offsets, by)
 
-    async def _reset_group(self, offsets: dict[TopicPartition, int]) -> None:
+    async def _reset_group(self, offsets: dict[TopicPartition, int], by: str) -> None:
         group = group_id(self.settings, self.subscription)
         members = await group_members(self.settings, group)
         if members:
@@ -242,7 +243,8 @@ class SubscriptionOperations:
                 marks[tp] = max(before.get(tp, 0), state.replay_until.get((tp.topic, tp.partition), 0))
             await commit_offsets_of_empty_group(self.settings, group, offsets)
             # After the offsets: a crash between the two leaves parked events the replay
-            # parks again under the same key, never parked events without their replay.
+            # parks again under the same key (keeping what they say), never parked events
+            # without their replay.
             producer = AIOKafkaProducer(**client_options(self.settings), acks="all", enable_idempotence=True)
             await producer.start()
             try:
@@ -252,7 +254,8 @@ class SubscriptionOperations:
                     state = await topic.refresh(partition)
                     for event in state.still_parked(tp.topic, tp.partition):
                         if event.offset >= offset:
-                            await producer.send_and_wait(topic.topic, None, key=parked_key(event), partition=partition)
+                            reset = event.resolved(ParkStatus.RESET, by)
+                            await producer.send_and_wait(topic.topic, reset.encode(), key=parked_key(reset), partition=partition)
             finally:
                 await producer.stop()
 
