@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 from esk import cli as esk_cli
 from esk.broker import BrokerError, EmbeddedBroker
-from esk.broker.embedded import BrokerNode
+from esk.broker.embedded import BrokerNode, port_is_free
 from esk.broker.ports import free_port, free_port_pair
 from esk.kafka.client_options import client_options
 from esk.kafka.reader import group_member
@@ -234,6 +234,16 @@ def test_a_busy_port_is_a_clear_error(broker: EmbeddedBroker, tmp_path: Path) ->
     clash = EmbeddedBroker(BrokerSettings(port=broker.settings.port, data_dir=tmp_path / "clash"))
     with pytest.raises(BrokerError, match=f"port {broker.settings.port} .* is busy"):
         clash.start()
+
+
+def test_ports_for_servers_lie_below_the_range_client_connections_take_theirs_from() -> None:
+    """A server's port in the ephemeral range may be some client's local end by the time the
+    server (re)binds it: the broker of a test failed so, 'Address already in use'."""
+    first_ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for _ in range(20):
+        pair, single = free_port_pair(), free_port()
+        assert pair + 1 < first_ephemeral and single < first_ephemeral
+        assert port_is_free("127.0.0.1", pair) and port_is_free("127.0.0.1", pair + 1)
 
 
 def test_missing_java_is_a_clear_error(tmp_path: Path) -> None:
