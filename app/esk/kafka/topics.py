@@ -11,6 +11,7 @@ import asyncio
 import functools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
@@ -114,8 +115,10 @@ async def ensure_topics(settings: Settings, specs: list[TopicSpec]) -> TopicRepo
                     existing.add(s.name)
                 else:
                     report.problems.append(f"{s.name} could not be created: error {code} {message}")
-        await _wait_until_visible(admin, [s.name for s in specs])
-        await _check(admin, [s for s in specs if s.name in existing], report)
+        # checked as the wait saw them: a second look may reach a broker whose metadata has
+        # lost the topic for a moment (a peer just died), which is no answer about the topic
+        described = await _wait_until_visible(admin, [s.name for s in specs])
+        await _check(admin, [s for s in specs if s.name in existing], described, report)
     finally:
         await admin.close()
     return report
@@ -150,13 +153,14 @@ async def coordinators_ready(settings: Settings, timeout_s: float = 30.0) -> str
     return None
 
 
-async def _wait_until_visible(admin: AIOKafkaAdminClient, names: list[str], timeout_s: float = 30.0) -> None:
-    """Topic creation returns before every broker's metadata shows the new partitions."""
+async def _wait_until_visible(admin: AIOKafkaAdminClient, names: list[str], timeout_s: float = 30.0) -> dict[str, Any]:
+    """The topics `names` as described by the first broker to know them all, by name:
+    topic creation returns before every broker's metadata shows the new partitions."""
     deadline = asyncio.get_running_loop().time() + timeout_s
     while True:
         described = await retry_while_brokers_fail(functools.partial(admin.describe_topics, names))
         if all(d["error_code"] == 0 and d["partitions"] for d in described):
-            return
+            return {d["topic"]: d for d in described}
         if asyncio.get_running_loop().time() > deadline:
             raise TimeoutError(f"topics not visible in metadata after {timeout_s:.0f}s: {names}")
         await asyncio.sleep(0.1)
@@ -177,9 +181,7 @@ async def topic_configs(admin: AIOKafkaAdminClient, names: list[str]) -> dict[st
     return configs
 
 
-async def _check(admin: AIOKafkaAdminClient, specs: list[TopicSpec], report: TopicReport) -> None:
-    described = await retry_while_brokers_fail(functools.partial(admin.describe_topics, [s.name for s in specs]))
-    by_name = {d["topic"]: d for d in described}
+async def _check(admin: AIOKafkaAdminClient, specs: list[TopicSpec], by_name: dict[str, Any], report: TopicReport) -> None:
     actual_configs = await retry_while_brokers_fail(functools.partial(topic_configs, admin, [s.name for s in specs]))
     for s in specs:
         problems: list[str] = []
