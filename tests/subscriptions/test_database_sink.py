@@ -23,7 +23,7 @@ from esk.subscriptions.database_sink import ESK_TABLES, DatabaseSink, DatabaseUn
 from esk.subscriptions.parking import ParkedEvent, ParkStatus
 from esk.subscriptions.postgres import PostgresDatabase
 from esk.subscriptions.routing import Router
-from esk.subscriptions.sinks import Fenced, Unit, first_reasons
+from esk.subscriptions.sinks import Fenced, StartingPoint, Unit
 from esk.subscriptions.worker import PartitionWorker
 
 TP = TopicPartition("app.orders.events", 0)
@@ -351,8 +351,9 @@ async def test_a_partition_opens_knowing_why_each_aggregate_was_parked_first(mem
     for event in (_parked("b", 9, "waits behind"), _parked("a", 3, "no"), _parked("a", 7, "waits behind"), _parked("b", 5, "newer")):
         await unit.park(event)
     await unit.park(_parked("c", 1, "gone").resolved(ParkStatus.SKIPPED, "test"))
-    await unit.commit(None)
-    assert (await DatabaseSink(database, ledger, TP).open()).parked == {"a": "no", "b": "newer"}
+    await unit.commit(10)  # past them, in the unit that parked them, as the worker commits
+    start = await DatabaseSink(database, ledger, TP).open()
+    assert start.parked == {"a": "no", "b": "newer"} and start.parked_ahead == ()
     await database.close()
 
 
@@ -421,8 +422,13 @@ async def _all_parked(database: Database) -> list[ParkedEvent]:
         return await load_parked(tx.esk, "ledger", None)
 
 
-def test_the_first_reason_of_each_aggregate_is_its_lowest_offsets() -> None:
-    assert first_reasons([("b", 9, "behind"), ("a", 7, "a7"), ("b", 5, "b5"), ("a", 8, "a8")]) == {"a": "a7", "b": "b5"}
+def test_the_first_reason_of_each_aggregate_is_its_lowest_offsets_and_those_past_the_offset_are_ahead() -> None:
+    parked = [("b", 9, "behind"), ("a", 7, "a7"), ("b", 5, "b5"), ("a", 8, "a8"), ("c", 12, "c12"), ("a", 10, "a10")]
+    start = StartingPoint.of(10, 0, parked)
+    assert start.parked == {"a": "a7", "b": "b5"}
+    assert start.parked_ahead == (10, 12)
+    nothing_committed = StartingPoint.of(None, 0, parked)
+    assert nothing_committed.parked == {} and nothing_committed.parked_ahead == (5, 7, 8, 9, 10, 12)
 
 
 async def test_parked_events_taken_up_whose_handler_loses_its_transaction_stay_parked(postgres_dsn: str) -> None:

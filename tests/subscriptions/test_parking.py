@@ -19,11 +19,14 @@ import pytest
 
 from domain.orders import LineAdded, Placed, orders
 from esk import Context, DatabaseContext, DatabaseHandler, PostgreSQL, Reactor, Retries, SideEffectHandler
+from esk.kafka.groups import commit_offsets_of_empty_group, committed_offsets
 from esk.kafka.partitioner import partition_for
 from esk.runtime import told_fences_quiet
 from esk.settings import Settings
 from esk.subscriptions.api import AnySubscription
 from esk.subscriptions.operations import SubscriptionOperations
+from esk.subscriptions.stores import group_id
+from esk.subscriptions.worker import PASSED_AGAIN
 from tests.subscriptions.running import subscriber, subscriber_settings
 from tests.system import system, wait_for
 
@@ -202,6 +205,27 @@ async def test_a_skip_drops_the_event_that_failed_and_handles_those_that_waited_
         assert [[(r.status, r.by) for r in p.earlier] for p in again] == [
             [*[(r.status, r.by) for r in p.earlier], ("reset", "ops")] for p in parked
         ]
+        # The offsets moved back without the marks (a reset stopped between the two, an
+        # at-least-once unit's offset commit lost): the member marks them as it opens, and
+        # each event is handled again and parked for what it is, not behind itself.
+        await _offsets_back_without_marks(settings, recorder)
+        async with subscriber(settings, recorder.subscription, running.registry) as member:
+            await member.caught_up()
+            third = await operations.parked()
+        assert [(p.offset, p.reason, [(r.status, r.by) for r in p.earlier]) for p in third] == [
+            (p.offset, p.reason, [*[(r.status, r.by) for r in p.earlier], ("reset", PASSED_AGAIN)]) for p in again
+        ]
+        assert third[0].reason == "RuntimeError: cannot take bad yet"
+
+
+async def _offsets_back_without_marks(settings: Settings, recorder: Recorder) -> None:
+    if recorder.kind != "database":
+        group = group_id(settings, recorder.subscription)
+        await commit_offsets_of_empty_group(settings, group, dict.fromkeys(await committed_offsets(settings, group), 0))
+        return
+    path = Path(settings.subscriber.data_dir) / f"{recorder.subscription.name}.sqlite"
+    with contextlib.closing(sqlite3.connect(path)) as db, db:
+        assert db.execute("UPDATE esk_offsets SET next_offset = 0").rowcount > 0
 
 
 async def _parked_count(operations: SubscriptionOperations, count: int) -> bool:

@@ -17,7 +17,7 @@ from .api import DatabaseHandler
 from .database import Database, Row, Sql, Transaction
 from .parking import ParkedEvent, ParkStatus, Resolution
 from .routing import Delivery, call_handler
-from .sinks import Fenced, PartitionSink, StartingPoint, Unit, first_reasons
+from .sinks import Fenced, PartitionSink, StartingPoint, Unit
 
 # Portable SQL (SQLite and PostgreSQL alike), with `?` placeholders.
 ESK_TABLES = (
@@ -169,8 +169,8 @@ class DatabaseSink(PartitionSink):
                 (*self._where(), ParkStatus.PARKED.value),
             )
         self.expected = None if row is None else int(row[0])
-        first = first_reasons((str(aggregate_id), int(offset), str(reason)) for aggregate_id, offset, reason in parked)
-        return StartingPoint(self.expected, 0 if row is None else int(row[1]), first)
+        entries = ((str(aggregate_id), int(offset), str(reason)) for aggregate_id, offset, reason in parked)
+        return StartingPoint.of(self.expected, 0 if row is None else int(row[1]), entries)
 
     async def begin(self) -> Unit:
         return DatabaseUnit(self, await self.database.begin())

@@ -22,15 +22,15 @@ from .api import AnySubscription
 from .parked_topic import ParkedTopic, parked_key
 from .parking import ParkedEvent, position
 from .routing import Delivery, Router, call_handler, command_envelope, reactor_commands
-from .sinks import Fenced, PartitionSink, StartingPoint, Unit, first_reasons
+from .sinks import Fenced, PartitionSink, StartingPoint, Unit
 
 
 async def starting_point(consumer: AIOKafkaConsumer, parked_topic: ParkedTopic, tp: TopicPartition) -> StartingPoint:
     """The group's committed offset, and what the parked topic says of the partition."""
     committed = await consumer.committed(tp)
     state = await parked_topic.refresh(parked_topic.partition_of(tp.partition))
-    parked = first_reasons((e.aggregate_id, e.offset, e.reason) for e in state.still_parked(tp.topic, tp.partition))
-    return StartingPoint(committed, state.replay_until.get((tp.topic, tp.partition), 0), parked)
+    parked = ((e.aggregate_id, e.offset, e.reason) for e in state.still_parked(tp.topic, tp.partition))
+    return StartingPoint.of(committed, state.replay_until.get((tp.topic, tp.partition), 0), parked)
 
 
 async def parked_in_topic(parked_topic: ParkedTopic, tp: TopicPartition, aggregate_id: str) -> list[ParkedEvent]:

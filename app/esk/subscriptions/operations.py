@@ -242,9 +242,9 @@ class SubscriptionOperations:
                 state = await topic.refresh(topic.partition_of(tp.partition))
                 marks[tp] = max(before.get(tp, 0), state.replay_until.get((tp.topic, tp.partition), 0))
             await commit_offsets_of_empty_group(self.settings, group, offsets)
-            # After the offsets: a crash between the two leaves parked events the replay
-            # parks again under the same key (keeping what they say), never parked events
-            # without their replay.
+            # After the offsets: a crash between the two leaves events parked past the new
+            # offsets, which the member marks as it opens the partition (worker._mark_ahead),
+            # never events marked reset without their replay.
             producer = AIOKafkaProducer(**client_options(self.settings), acks="all", enable_idempotence=True)
             await producer.start()
             try:

@@ -23,7 +23,7 @@ class ParkStatus(StrEnum):
     PARKED = "parked"
     RETRIED = "retried"  # handled by `esk subscriptions retry`, or by esk as it opened the partition (resolved_by says why)
     SKIPPED = "skipped"  # dropped by `esk subscriptions skip`
-    RESET = "reset"  # still parked when `esk subscriptions reset` rewound past it: its replay meets it again
+    RESET = "reset"  # still parked when the offset went back before it (`esk subscriptions reset`): its replay meets it again
 
 
 class Resolution(msgspec.Struct, frozen=True):

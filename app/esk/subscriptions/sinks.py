@@ -27,16 +27,24 @@ class StartingPoint:
     replay_until: int = 0  # events below this offset are handled again (a reset's replay)
     # The aggregates with parked events, each with the reason its first one was parked for.
     parked: Mapping[str, str] = field(default_factory=dict)
+    # The offsets of events still parked at or past next_offset, in order (see `of`).
+    parked_ahead: tuple[int, ...] = ()
 
-
-def first_reasons(parked: Iterable[tuple[str, int, str]]) -> dict[str, str]:
-    """What StartingPoint.parked holds, from the (aggregate id, offset, reason) of each
-    event still parked: each aggregate's first one's reason."""
-    first: dict[str, tuple[int, str]] = {}
-    for aggregate_id, offset, reason in parked:
-        if aggregate_id not in first or offset < first[aggregate_id][0]:
-            first[aggregate_id] = (offset, reason)
-    return {aggregate_id: reason for aggregate_id, (_, reason) in first.items()}
+    @classmethod
+    def of(cls, next_offset: int | None, replay_until: int, parked: Iterable[tuple[str, int, str]]) -> StartingPoint:
+        """From the (aggregate id, offset, reason) of each event still parked. One at or
+        past `next_offset` was parked by a pass the offset has since moved back before: a
+        reset that stopped between the offsets and its marks, an at-least-once unit whose
+        offset commit never happened. The pass from here meets it again: it is ahead, and
+        holds its aggregate back from nothing before it."""
+        first: dict[str, tuple[int, str]] = {}
+        ahead: list[int] = []
+        for aggregate_id, offset, reason in parked:
+            if offset >= (next_offset or 0):
+                ahead.append(offset)
+            elif aggregate_id not in first or offset < first[aggregate_id][0]:
+                first[aggregate_id] = (offset, reason)
+        return cls(next_offset, replay_until, {aggregate_id: reason for aggregate_id, (_, reason) in first.items()}, tuple(sorted(ahead)))
 
 
 class Unit(ABC):

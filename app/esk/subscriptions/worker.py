@@ -43,6 +43,8 @@ WAITS_BEHIND = "waits behind an earlier parked event of "  # ... and of one park
 # Who resolved the parked events esk handled on its own as it opened a partition.
 TAKEN_UP_VERSION_KNOWN = "esk: its schema version is known now"
 TAKEN_UP_BEHIND_NOTHING = "esk: nothing is parked before it"
+# ... and who marked reset the events it found parked past the partition's offset.
+PASSED_AGAIN = "esk: the partition's offset is back before it"
 
 
 class FailedWithItsUnit(Exception):
@@ -91,8 +93,27 @@ class PartitionWorker:
         self.next_offset = start.next_offset
         self.replay_until = start.replay_until
         self.parked = set(start.parked)
+        if start.parked_ahead:
+            await self._mark_ahead(start.parked_ahead)
         await self._take_up(sorted(key for key, reason in start.parked.items() if reason.startswith((NEWER_VERSION, WAITS_BEHIND))))
         return start.next_offset
+
+    async def _mark_ahead(self, offsets: Sequence[int]) -> None:
+        """Events still parked at `offsets`, past the partition's offset, marked reset, as
+        `esk subscriptions reset` would have: the pass from the offset handles them again
+        (and parks them again, keeping this, if they fail again). Left parked, each would
+        wait behind itself, its first reason lost."""
+        unit = await self.sink.begin()
+        try:
+            for offset in offsets:
+                entry = await unit.entry_at(offset)
+                if entry is not None and entry.status is ParkStatus.PARKED:
+                    await unit.park(entry.resolved(ParkStatus.RESET, PASSED_AGAIN))
+        except BaseException as failure:
+            await _abort_for(unit, failure)
+            raise
+        await unit.commit(None)
+        log.warning("%s: %d events parked past the partition's offset are marked reset, to be handled again", self.subscription.name, len(offsets))
 
     async def _take_up(self, keys: Sequence[str]) -> None:
         """`keys`: the aggregates whose first parked event may need no operator."""
