@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 from esk import cli as esk_cli
 from esk.broker import BrokerError, EmbeddedBroker
 from esk.broker.embedded import BrokerNode, port_is_free
-from esk.broker.ports import free_port, free_port_pair
+from esk.broker.ports import _server_ranges, free_port, free_port_pair
 from esk.kafka.client_options import client_options
 from esk.kafka.reader import group_member
 from esk.kafka.topics import TopicNames, coordinators_ready, ensure_topics, topic_configs, topic_specs
@@ -244,6 +244,12 @@ def test_ports_for_servers_lie_below_the_range_client_connections_take_theirs_fr
         pair, single = free_port_pair(), free_port()
         assert pair + 1 < first_ephemeral and single < first_ephemeral
         assert port_is_free("127.0.0.1", pair) and port_is_free("127.0.0.1", pair + 1)
+
+
+def test_ports_for_servers_are_drawn_beside_any_ephemeral_range() -> None:
+    assert _server_ranges(32768, 60999, 2) == range(20768, 32767)  # Linux's default: below
+    assert _server_ranges(1200, 40000, 1) == range(40001, 52001)  # no room below: above
+    assert _server_ranges(1024, 65535, 2) == range(1024, 65535)  # no room outside: any, rather than none
 
 
 def test_missing_java_is_a_clear_error(tmp_path: Path) -> None:
