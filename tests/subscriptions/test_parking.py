@@ -90,10 +90,12 @@ class Recorder:
             with psycopg.connect(self.postgres_dsn) as connection:
                 return [(str(o), int(v)) for o, v in connection.execute(select).fetchall()]
         if self.kind == "database":
-            path = Path(settings.subscriber.data_dir) / f"{self.subscription.name}.sqlite"
-            with contextlib.closing(sqlite3.connect(path)) as db:
+            with contextlib.closing(sqlite3.connect(self.sqlite_path(settings))) as db:
                 return db.execute(select).fetchall()
         return list(dict.fromkeys(self.memory))
+
+    def sqlite_path(self, settings: Settings) -> Path:
+        return Path(settings.subscriber.data_dir) / f"{self.subscription.name}.sqlite"
 
 
 async def place(client: httpx.AsyncClient, order_id: str) -> None:
@@ -223,8 +225,7 @@ async def _offsets_back_without_marks(settings: Settings, recorder: Recorder) ->
         group = group_id(settings, recorder.subscription)
         await commit_offsets_of_empty_group(settings, group, dict.fromkeys(await committed_offsets(settings, group), 0))
         return
-    path = Path(settings.subscriber.data_dir) / f"{recorder.subscription.name}.sqlite"
-    with contextlib.closing(sqlite3.connect(path)) as db, db:
+    with contextlib.closing(sqlite3.connect(recorder.sqlite_path(settings))) as db, db:
         assert db.execute("UPDATE esk_offsets SET next_offset = 0").rowcount > 0
 
 

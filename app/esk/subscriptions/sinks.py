@@ -32,19 +32,24 @@ class StartingPoint:
 
     @classmethod
     def of(cls, next_offset: int | None, replay_until: int, parked: Iterable[tuple[str, int, str]]) -> StartingPoint:
-        """From the (aggregate id, offset, reason) of each event still parked. One at or
-        past `next_offset` was parked by a pass the offset has since moved back before: a
-        reset that stopped between the offsets and its marks, an at-least-once unit whose
-        offset commit never happened. The pass from here meets it again: it is ahead, and
-        holds its aggregate back from nothing before it."""
+        """From the (aggregate id, offset, reason) of each event still parked."""
         first: dict[str, tuple[int, str]] = {}
         ahead: list[int] = []
         for aggregate_id, offset, reason in parked:
-            if offset >= (next_offset or 0):
+            if is_ahead(offset, next_offset):
                 ahead.append(offset)
             elif aggregate_id not in first or offset < first[aggregate_id][0]:
                 first[aggregate_id] = (offset, reason)
         return cls(next_offset, replay_until, {aggregate_id: reason for aggregate_id, (_, reason) in first.items()}, tuple(sorted(ahead)))
+
+
+def is_ahead(offset: int, next_offset: int | None) -> bool:
+    """Whether an event parked at `offset` is at or past the partition's `next_offset`
+    (None: nothing committed). Such an event was parked by a pass the offset has since moved
+    back before: a reset that stopped between the offsets and its marks, an at-least-once
+    unit whose offset commit never happened. The pass from the offset meets it again: it
+    holds its aggregate back from nothing before it."""
+    return offset >= (next_offset or 0)
 
 
 class Unit(ABC):

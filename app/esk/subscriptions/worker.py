@@ -32,7 +32,7 @@ from ..metrics import SUBSCRIPTION_EVENTS
 from .api import AnySubscription, Retries
 from .parking import ParkedEvent, ParkStatus, aggregate_key
 from .routing import Delivery, EventDelivery, HandlerMistake, Router, Undecodable
-from .sinks import Fenced, PartitionSink, Unit
+from .sinks import Fenced, PartitionSink, Unit, is_ahead
 
 log = logging.getLogger(__name__)
 
@@ -104,22 +104,24 @@ class PartitionWorker:
         (and parks them again, keeping this, if they fail again). Left parked, each would
         wait behind itself, its first reason lost."""
         unit = await self.sink.begin()
+        marked = 0
         try:
             for offset in offsets:
                 entry = await unit.entry_at(offset)
                 if entry is not None and entry.status is ParkStatus.PARKED:
                     await unit.park(entry.resolved(ParkStatus.RESET, PASSED_AGAIN))
+                    marked += 1
         except BaseException as failure:
             await _abort_for(unit, failure)
             raise
         await unit.commit(None)
-        log.warning("%s: %d events parked past the partition's offset are marked reset, to be handled again", self.subscription.name, len(offsets))
+        log.warning("%s: %d events parked past the partition's offset are marked reset, to be handled again", self.subscription.name, marked)
 
     def _behind(self, parked: list[ParkedEvent]) -> list[ParkedEvent]:
         """Those of `parked` before the partition's offset: one past it was marked reset as the
         partition opened (`_mark_ahead`), which a read of a Kafka kind's parked topic may not
         show yet (a transaction's markers are written after its commit returns)."""
-        return [event for event in parked if event.offset < (self.next_offset or 0)]
+        return [event for event in parked if not is_ahead(event.offset, self.next_offset)]
 
     async def _take_up(self, keys: Sequence[str]) -> None:
         """`keys`: the aggregates whose first parked event may need no operator."""
