@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from .broker import BrokerError, EmbeddedBroker
+from .kafka.acls import AUTHORIZATION_REFUSED, kafka_acls_commands, refused_by_authorizer
 from .kafka.client_options import KafkaAccessError, check_access
 from .kafka.topics import coordinators_ready, ensure_topics, missing_topics, topic_specs
 from .logs import configure_logging
@@ -160,7 +161,8 @@ def require_topics(settings: Settings, names: list[str]) -> None:
     with _ended_by_sigterm():
         while True:
             try:
-                missing = asyncio.run(missing_topics(settings, names))
+                with told_when_refused(settings):
+                    missing = asyncio.run(missing_topics(settings, names))
             except (KafkaError, OSError) as error:  # the broker gone again meanwhile: asked again
                 log.debug("the topics could not be listed: %r", error)
                 missing = None
@@ -172,6 +174,16 @@ def require_topics(settings: Settings, names: list[str]) -> None:
             time.sleep(KAFKA_WAIT_S)
     if told is not None:
         log.info("the topics are there: starting")
+
+
+@contextlib.contextmanager
+def told_when_refused(settings: Settings) -> Iterator[None]:
+    """An ACL missing on a cluster with an authorizer is a one-line error that names the
+    command printing esk's ACLs: the clients' own would be a traceback."""
+    try:
+        yield
+    except AUTHORIZATION_REFUSED as error:
+        raise fail(refused_by_authorizer(settings, error) or repr(error)) from None
 
 
 @contextlib.contextmanager
@@ -235,11 +247,13 @@ def init_topics(settings: Settings) -> None:
     registry = domain_registry(settings)
     require_kafka_access(settings, "making or checking the topics")
     try:
-        report = asyncio.run(ensure_topics(settings, topic_specs(settings, registry)))
-    except (KafkaError, TimeoutError) as error:  # refused (an ACL), or no answer after a minute of asking
+        with told_when_refused(settings):
+            report = asyncio.run(ensure_topics(settings, topic_specs(settings, registry)))
+    except (KafkaError, TimeoutError) as error:  # no answer after a minute of asking
         raise fail(f"making or checking the topics failed: {error!r}") from None
     if (unanswered := asyncio.run(coordinators_ready(settings))) is not None:
-        err.print(f"[yellow]warning:[/yellow] the group and transaction coordinators did not answer: {escape(unanswered)}", highlight=False)
+        why = refused_by_authorizer(settings, unanswered) or repr(unanswered)
+        err.print(f"[yellow]warning:[/yellow] the group and transaction coordinators did not answer: {escape(why)}", highlight=False, soft_wrap=True)
     for name in report.created:
         console.print(f"created  {name}")
     for name in report.ok:
@@ -248,6 +262,18 @@ def init_topics(settings: Settings) -> None:
         err.print(f"[red]problem[/red]  {problem}", highlight=False)
     if report.problems:
         raise fail("topics do not match the settings; fix them (or the settings) and run again")
+
+
+@topics_cli.command("acls")
+def topics_acls(
+    principal: Annotated[str, typer.Option(help="Who runs esk's processes, as the cluster names it: User:<name>.")],
+) -> None:
+    """Print the kafka-acls commands that let PRINCIPAL run every esk process of this app (on a
+    cluster whose authorizer refuses what no ACL allows); run them as a principal allowed to
+    change ACLs, with its --command-config."""
+    settings = load_settings()
+    for line in kafka_acls_commands(settings, principal):
+        console.print(line, highlight=False, soft_wrap=True)
 
 
 @cli.command("processor")
@@ -267,7 +293,8 @@ def processor() -> None:
         require_topics(settings, [spec.name for spec in topic_specs(settings, registry)])
 
     try:
-        run_processor(settings, wait)
+        with told_when_refused(settings):
+            run_processor(settings, wait)
     except SchemasContradicted as error:
         for line in error.told:
             err.print(f"  {escape(line)}", highlight=False, soft_wrap=True)
@@ -289,9 +316,19 @@ def api(
     from .runtime import run_api
 
     settings = load_settings(api__host=host, api__port=port)
-    domain_registry(settings)  # fails in one line here; the runtime loads it again (cached)
+    registry = domain_registry(settings)  # fails in one line here; the runtime loads it again (cached)
+
+    def wait() -> None:
+        require_kafka_access(settings, wait=True)
+        # Topics missing are not waited for (the API starts before `esk topics init` has run),
+        # but one the principal may not describe is an ACL missing: told here, in a line. A
+        # broker gone again meanwhile is the API's to wait out, as it does once running.
+        with contextlib.suppress(KafkaError, OSError), told_when_refused(settings):
+            asyncio.run(missing_topics(settings, [spec.name for spec in topic_specs(settings, registry)]))
+
     try:
-        run_api(settings, lambda: require_kafka_access(settings, wait=True))
+        with told_when_refused(settings):
+            run_api(settings, wait)
     except HeldElsewhere as error:
         raise fail(f"another API{error.holder} runs over {settings.api.state_dir}: give each its own ESK_API__STATE_DIR") from None
     except CannotListen as error:
@@ -314,7 +351,8 @@ def subscriber(name: Annotated[str, typer.Argument(help="A subscription (see `es
         require_topics(settings, Router(subscription, registry, settings.app).topics)
 
     try:
-        run_subscriber(settings, name, wait)
+        with told_when_refused(settings):
+            run_subscriber(settings, name, wait)
     except CannotListen as error:
         raise fail(f"{error}: give each subscriber on this host its own ESK_SUBSCRIBER__METRICS_PORT") from None
 

@@ -59,6 +59,10 @@ class BrokerSaslSslSettings(BaseModel):
     # name -> password, e.g. {"esk": "..."}; created when the storage is formatted (first start).
     users: dict[str, str] = Field(default_factory=dict)
     internal_port: int | None = None  # default: port + 2
+    # Kafka's StandardAuthorizer on: a user may then do only what ACLs allow it
+    # (`esk topics acls` prints esk's), but for these users, who may do anything.
+    acls: bool = False
+    super_users: list[str] = Field(default_factory=list)
 
 
 class BrokerSettings(BaseModel):

@@ -141,7 +141,7 @@ async def test_a_wrong_partition_count_or_policy_is_reported(settings: Settings)
 
 def test_topics_init_refused_by_the_cluster_says_so_in_a_line(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
     """A cluster that answers but refuses a topic request (an ACL without DescribeConfigs,
-    say): one error line, not a traceback."""
+    say): one error line, not a traceback (tests/security has a real authorizer refuse)."""
 
     async def refused(*_: object) -> None:
         raise TopicAuthorizationFailedError("the configs of t.accounts.events: not authorized")
@@ -153,8 +153,8 @@ def test_topics_init_refused_by_the_cluster_says_so_in_a_line(settings: Settings
     result = CliRunner().invoke(esk_cli.cli, ["topics", "init"])
     assert result.exit_code == 1
     assert result.output.strip() == (
-        "error: making or checking the topics failed: "
-        "TopicAuthorizationFailedError('the configs of t.accounts.events: not authorized')"
+        f"error: Kafka at {settings.bootstrap_servers} refused esk's clients: TOPIC_AUTHORIZATION_FAILED (the configs of "
+        f"t.accounts.events: not authorized); `esk topics acls --principal User:<name>` prints the ACLs app '{settings.app}' needs"
     )
 
 

@@ -1,13 +1,16 @@
 """A broker of its own for the security tests: its client listener is SASL_SSL (TLS with a
 certificate made here by openssl, SCRAM-SHA-512 users created when its storage is
-formatted), started through the same settings a user would give `esk broker`."""
+formatted) and its authorizer refuses what no ACL allows, started through the same settings
+a user would give `esk broker`. Each test's app is granted the ACLs `esk topics acls`
+prints, by Kafka's own kafka-acls tool run as a super user: no more."""
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import subprocess
 import uuid
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,10 +18,13 @@ from typing import Any
 import pytest
 
 from esk.broker import EmbeddedBroker
+from esk.broker.embedded import java_executable, kafka_classpath
 from esk.broker.ports import listening_ports
+from esk.kafka.acls import application_acls, kafka_acls_commands
 from esk.settings import BrokerSaslSslSettings, BrokerSettings, Settings
 
 USER, PASSWORD = "esk-app", 's3cret=[with]"odd" characters'
+ADMIN, ADMIN_PASSWORD = "acl-admin", "admin-s3cret"  # a super user: grants the ACLs
 
 
 @dataclass(frozen=True)
@@ -56,7 +62,13 @@ def certificates(tmp_path_factory: pytest.TempPathFactory) -> Certificates:
 @pytest.fixture(scope="session")
 def secured_broker(tmp_path_factory: pytest.TempPathFactory, certificates: Certificates) -> Iterator[EmbeddedBroker]:
     port, controller_port, internal_port = listening_ports("127.0.0.1", 3)
-    sasl_ssl = BrokerSaslSslSettings(keystore=certificates.keystore, users={USER: PASSWORD}, internal_port=internal_port)
+    sasl_ssl = BrokerSaslSslSettings(
+        keystore=certificates.keystore,
+        users={USER: PASSWORD, ADMIN: ADMIN_PASSWORD},
+        internal_port=internal_port,
+        acls=True,
+        super_users=[ADMIN],
+    )
     data_dir = tmp_path_factory.mktemp("secured-broker")
     broker = EmbeddedBroker(BrokerSettings(port=port, controller_port=controller_port, data_dir=data_dir, sasl_ssl=sasl_ssl))
     broker.start()
@@ -77,8 +89,42 @@ def kafka_security(broker: EmbeddedBroker, certificates: Certificates, **overrid
     }
 
 
+def grant(broker: EmbeddedBroker, certificates: Certificates, settings: Settings, only: Collection[str] | None = None) -> None:
+    """Run, as the super user, the `kafka-acls` commands esk prints for `settings.app` and
+    USER (those of the resource types `only`, if given)."""
+    admin_config = Path(str(certificates.ca) + ".admin.properties")
+    admin_config.write_text(
+        "security.protocol=SASL_SSL\nsasl.mechanism=SCRAM-SHA-512\nssl.truststore.type=PEM\n"
+        f"ssl.truststore.location={certificates.ca}\n"
+        "sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required "
+        f'username="{ADMIN}" password="{ADMIN_PASSWORD}";\n'
+    )
+    acls, lines = application_acls(settings), kafka_acls_commands(settings, f"User:{USER}")
+    commands = [shlex.split(line) for acl, line in zip(acls, lines, strict=True) if only is None or acl.resource_type in only]
+    java, classpath = java_executable("java"), kafka_classpath(None)
+    running = [
+        subprocess.Popen(
+            [java, "-cp", classpath, "org.apache.kafka.tools.AclCommand", *arguments, "--command-config", str(admin_config)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        for tool, *arguments in commands
+        if tool == "kafka-acls.sh"
+    ]  # fmt: skip
+    assert len(running) == len(commands)
+    for process in running:
+        output, _ = process.communicate(timeout=60)
+        assert process.returncode == 0, output
+
+
 @pytest.fixture
 def secured_settings(secured_broker: EmbeddedBroker, certificates: Certificates, tmp_path: Path) -> Settings:
+    settings = secured_settings_of(secured_broker, certificates, tmp_path)
+    grant(secured_broker, certificates, settings)
+    return settings
+
+
+def secured_settings_of(secured_broker: EmbeddedBroker, certificates: Certificates, tmp_path: Path) -> Settings:
+    """A new app on the secured broker, as USER, with no ACL granted yet."""
     return Settings(
         app=f"t{uuid.uuid4().hex[:10]}",
         kafka=kafka_security(secured_broker, certificates),

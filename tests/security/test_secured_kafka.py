@@ -1,13 +1,15 @@
-"""esk against a broker that speaks only TLS + SASL/SCRAM to its clients, configured by
-settings alone: the topics, the processor and the HTTP API, a subscriber and Spark's
-Kafka source work; a wrong password or an untrusted certificate stops each process at start
-with one line that says why, not a hang or a retry loop."""
+"""esk against a broker that speaks only TLS + SASL/SCRAM to its clients and allows only
+what ACLs allow, configured by settings alone: with the ACLs `esk topics acls` prints, the
+topics, the processor and the HTTP API, subscribers and Spark's Kafka source work; a wrong
+password, an untrusted certificate or a missing ACL stops each process at start with one
+line that says why, not a hang or a retry loop."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -19,14 +21,14 @@ from aiokafka import AIOKafkaProducer
 from typer.testing import CliRunner
 
 from esk.broker import EmbeddedBroker
-from esk.cli import cli
+from esk.cli import cli, init_topics
 from esk.kafka.client_options import client_options
 from esk.kafka.topics import TopicNames, ensure_topics, topic_specs
 from esk.protocol import EventRecord
 from esk.registry import load_registry
 from esk.settings import Settings
 from subscriptions.customer_ledger import customer_ledger
-from tests.security.conftest import Certificates, kafka_security
+from tests.security.conftest import Certificates, grant, kafka_security, secured_settings_of
 from tests.subscriptions.running import subscriber
 from tests.system import system
 
@@ -107,17 +109,57 @@ def test_a_wrong_password_stops_each_process_at_start_with_one_line(
     secured_broker: EmbeddedBroker, certificates: Certificates, tmp_path: Path
 ) -> None:
     wrong = Settings(app="wrong-password", kafka=kafka_security(secured_broker, certificates, sasl_plain_password="wrong"), _env_file=None)
+    commands = {"processor": ["processor"], "api": ["api"], "subscriber": ["subscriber", "customer_ledger"]}
+    for name, line in one_line_exits(wrong, tmp_path, commands).items():
+        assert line.startswith("error: Kafka at ") and "refused SASL authentication as 'esk-app' (SCRAM-SHA-512)" in line, (name, line)
+        assert "invalid credentials" in line and "ESK_KAFKA__SASL_PLAIN_PASSWORD" in line, (name, line)
+
+
+def test_a_missing_acl_stops_each_process_with_one_line(secured_broker: EmbeddedBroker, certificates: Certificates, tmp_path: Path) -> None:
+    """The authorizer refuses a principal what no ACL allows: each process says so in a
+    line that names what was refused and the command that prints esk's ACLs, at once,
+    rather than a traceback, a retry loop or a wait for topics it cannot see."""
+    settings = secured_settings_of(secured_broker, certificates, tmp_path)
+    hint = f"`esk topics acls --principal User:esk-app` prints the ACLs app '{settings.app}' needs"
+
+    nothing_granted = one_line_exits(settings, tmp_path, {"topics init": ["topics", "init"], "api": ["api"], "processor": ["processor"]})
+    assert nothing_granted["topics init"].endswith(f"refused user 'esk-app': TOPIC_AUTHORIZATION_FAILED (creating {settings.app}.commands); {hint}")
+    for name in ("api", "processor"):  # which of the topics it asks about first is theirs to choose
+        assert nothing_granted[name].startswith(f"error: Kafka at {settings.bootstrap_servers} refused user 'esk-app': TOPIC_AUTHORIZATION_FAILED (describing {settings.app}."), name
+        assert nothing_granted[name].endswith(hint), name
+
+    # The topics and the groups, not the transactional ids: the topics are made, the
+    # processor joins its group and is given partitions, and each task's producer refused.
+    grant(secured_broker, certificates, settings, only=("topic", "group"))
+    init_topics(settings)  # and the group coordinator made ready, which a new broker's first group waits for
+    no_transactions = one_line_exits(settings, tmp_path, {"processor": ["processor"], "reactor": ["subscriber", "payments"]})
+    assert re.fullmatch(
+        rf"error: Kafka at \S+ refused user 'esk-app': TRANSACTIONAL_ID_AUTHORIZATION_FAILED \({settings.app}\.processor\.\d\); {re.escape(hint)}",
+        no_transactions["processor"],
+    ), no_transactions["processor"]
+    assert re.fullmatch(
+        rf"error: Kafka at \S+ refused user 'esk-app': TRANSACTIONAL_ID_AUTHORIZATION_FAILED "
+        rf"\({settings.app}\.subscription\.payments\.{settings.app}\.\S+\.\d\); {re.escape(hint)}",
+        no_transactions["reactor"],
+    ), no_transactions["reactor"]
+
+
+def one_line_exits(settings: Settings, tmp_path: Path, commands: dict[str, list[str]]) -> dict[str, str]:
+    """Run each `esk` command of `commands` in a process of its own, with `settings`' Kafka
+    variables; each must exit 1 within START_FAILS_WITHIN_S, with one line on stderr (no
+    traceback, no retry messages): those lines, by name."""
     env = {
         **os.environ,
-        **security_environment(wrong),
+        **security_environment(settings),
         "ESK_PROCESSOR__STATE_DIR": str(tmp_path / "processor"),
         "ESK_PROCESSOR__METRICS_PORT": "0",
         "ESK_API__STATE_DIR": str(tmp_path / "api"),
         "ESK_API__PORT": "0",
         "ESK_SUBSCRIBER__DATA_DIR": str(tmp_path / "subscriptions"),
         "ESK_SUBSCRIBER__METRICS_PORT": "0",
+        "ESK_TOPICS__PARTITIONS": str(settings.topics.partitions),
+        "COLUMNS": "250",
     }
-    commands = {"processor": ["processor"], "api": ["api"], "subscriber": ["subscriber", "customer_ledger"]}
     started = time.monotonic()
     running = {
         name: subprocess.Popen([sys.executable, "-m", "esk", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -131,11 +173,13 @@ def test_a_wrong_password_stops_each_process_at_start_with_one_line(
                 process.kill()
                 process.wait()
     assert time.monotonic() - started < START_FAILS_WITHIN_S
+    lines = {}
     for name, (_, stderr) in outcomes.items():
         assert running[name].returncode == 1, (name, stderr)
-        [line] = stderr.splitlines()  # the reason alone: no traceback, no retry messages
-        assert line.startswith("error: Kafka at ") and "refused SASL authentication as 'esk-app' (SCRAM-SHA-512)" in line, (name, line)
-        assert "invalid credentials" in line and "ESK_KAFKA__SASL_PLAIN_PASSWORD" in line, (name, line)
+        told = [line for line in stderr.splitlines() if " INFO " not in line]
+        assert len(told) == 1, (name, stderr)
+        lines[name] = told[0]
+    return lines
 
 
 def test_an_untrusted_certificate_stops_topics_init_with_one_line(
@@ -151,3 +195,18 @@ def test_an_untrusted_certificate_stops_topics_init_with_one_line(
         f"error: Kafka at {secured_settings.bootstrap_servers}: its TLS certificate is not trusted (self-signed certificate); "
         "ESK_KAFKA__SSL_CAFILE names the CA certificates to trust (PEM)"
     )
+
+
+def test_esk_topics_acls_prints_a_kafka_acls_command_per_resource_type(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ESK_APP", "shop")
+    monkeypatch.setenv("ESK_KAFKA__BOOTSTRAP_SERVERS", "k1:9093,k2:9093")
+    monkeypatch.setenv("COLUMNS", "80")  # the lines are not wrapped
+    result = CliRunner().invoke(cli, ["topics", "acls", "--principal", "User:shop-svc"])
+    assert result.exit_code == 0, result.output
+    start = "kafka-acls.sh --bootstrap-server k1:9093,k2:9093 --add --allow-principal User:shop-svc"
+    assert result.output.splitlines() == [
+        f"{start} --operation Create --operation Describe --operation DescribeConfigs --operation Read --operation Write "
+        "--topic shop. --resource-pattern-type prefixed",
+        f"{start} --operation Describe --operation Read --group shop. --resource-pattern-type prefixed",
+        f"{start} --operation Describe --operation Write --transactional-id shop. --resource-pattern-type prefixed",
+    ]

@@ -209,6 +209,18 @@ class BrokerNode:
                 "org.apache.kafka.common.security.scram.ScramLoginModule required;"
             ),
             **keystore,
+            **self._authorizer_properties(),
+        }
+
+    def _authorizer_properties(self) -> dict[str, str]:
+        if self.sasl_ssl is None or not self.sasl_ssl.acls:
+            return {}
+        # The node's own listeners (controller, broker to broker, esk's probe) are PLAINTEXT on
+        # loopback, where every peer is ANONYMOUS: the node itself, allowed everything.
+        users = ["ANONYMOUS", *self.sasl_ssl.super_users]
+        return {
+            "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+            "super.users": ";".join(f"User:{name}" for name in users),
         }
 
     def _scram_users(self) -> list[str]:

@@ -15,7 +15,13 @@ from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
+from aiokafka.errors import (
+    ClusterAuthorizationFailedError,
+    KafkaError,
+    TopicAlreadyExistsError,
+    TopicAuthorizationFailedError,
+    for_code,
+)
 
 from ..settings import Settings
 from .admin import retry_while_brokers_fail
@@ -113,6 +119,8 @@ async def ensure_topics(settings: Settings, specs: list[TopicSpec]) -> TopicRepo
                     report.created.append(s.name)
                 elif code == TopicAlreadyExistsError.errno:  # created meanwhile by another instance
                     existing.add(s.name)
+                elif code in _REFUSED:  # the wait below would only time out
+                    raise for_code(code)(f"creating {s.name}")
                 else:
                     report.problems.append(f"{s.name} could not be created: error {code} {message}")
         # checked as the wait saw them: a second look may reach a broker whose metadata has
@@ -125,17 +133,27 @@ async def ensure_topics(settings: Settings, specs: list[TopicSpec]) -> TopicRepo
 
 
 async def missing_topics(settings: Settings, names: Iterable[str]) -> list[str]:
-    """Those of `names` the cluster does not have."""
+    """Those of `names` the cluster does not have. A topic the principal may not describe
+    raises TopicAuthorizationFailedError: listed, it would look missing, and a process
+    would wait for `esk topics init` for ever."""
     admin = AIOKafkaAdminClient(**client_options(settings))
     await admin.start()
     try:
         existing = set(await retry_while_brokers_fail(admin.list_topics))
+        missing = [name for name in names if name not in existing]
+        if missing:
+            for described in await retry_while_brokers_fail(functools.partial(admin.describe_topics, missing)):
+                if described["error_code"] in _REFUSED:
+                    raise for_code(described["error_code"])(f"describing {described['topic']}")
     finally:
         await admin.close()
-    return [name for name in names if name not in existing]
+    return missing
 
 
-async def coordinators_ready(settings: Settings, timeout_s: float = 30.0) -> str | None:
+_REFUSED = (TopicAuthorizationFailedError.errno, ClusterAuthorizationFailedError.errno)
+
+
+async def coordinators_ready(settings: Settings, timeout_s: float = 30.0) -> Exception | None:
     """A new cluster makes the topics of its group and transaction coordinators on the first
     request for one, and answers "not available" until they are led: waited out once, as
     the topics are made, rather than by each processor and subscriber, which log every such
@@ -147,7 +165,7 @@ async def coordinators_ready(settings: Settings, timeout_s: float = 30.0) -> str
         for coordinator_type in (0, 1):  # a consumer group's, a transactional id's
             await retry_while_brokers_fail(functools.partial(admin.find_coordinator, key, coordinator_type), timeout_s)
     except (KafkaError, TimeoutError) as error:
-        return repr(error)
+        return error
     finally:
         await admin.close()
     return None
@@ -161,6 +179,8 @@ async def _wait_until_visible(admin: AIOKafkaAdminClient, names: list[str], time
         described = await retry_while_brokers_fail(functools.partial(admin.describe_topics, names))
         if all(d["error_code"] == 0 and d["partitions"] for d in described):
             return {d["topic"]: d for d in described}
+        if refused := [d for d in described if d["error_code"] in _REFUSED]:
+            raise for_code(refused[0]["error_code"])(f"describing {refused[0]['topic']}")
         if asyncio.get_running_loop().time() > deadline:
             raise TimeoutError(f"topics not visible in metadata after {timeout_s:.0f}s: {names}")
         await asyncio.sleep(0.1)

@@ -134,6 +134,8 @@ class Processor:
         fetched = await consumer.getmany(
             timeout_ms=round(manager.poll_timeout_s() * 1000), max_records=self.settings.processor.batch_max_records
         )
+        if manager.refused is not None:
+            raise manager.refused
         async with manager.lock:
             await manager.process(fetched)
             manager.punctuate()

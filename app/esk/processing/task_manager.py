@@ -31,6 +31,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import ProducerFenced
 from aiokafka.structs import ConsumerRecord
 
+from ..kafka.acls import AUTHORIZATION_REFUSED
 from ..kafka.reader import committed_reader, transaction_watch
 from ..kafka.stopping import stop_consumer
 from ..kafka.topics import TopicNames
@@ -191,6 +192,9 @@ class TaskManager:
         self.on_restore_progress = on_restore_progress
         self._starting: dict[int, asyncio.Task[None]] = {}
         self._last_expiry = time.monotonic()
+        # What the cluster's authorizer refused a task (a transactional id, a topic): no
+        # retry helps until an operator grants it, so the processor stops, telling it.
+        self.refused: Exception | None = None
 
     @property
     def tasks(self) -> dict[int, StreamTask]:
@@ -347,6 +351,9 @@ class TaskManager:
         if isinstance(error, ProducerFenced):
             log.warning("partition %d: fenced by a newer owner; giving it up", partition.number)
             return
+        if isinstance(error, AUTHORIZATION_REFUSED):
+            self.refused = error
+            return
         log.error("partition %d: commit failed (%r); restarting its task", partition.number, error)
         self._start(partition.number)
 
@@ -364,6 +371,9 @@ class TaskManager:
                 break
             except asyncio.CancelledError:
                 raise
+            except AUTHORIZATION_REFUSED as error:
+                self.refused = error
+                return
             except Exception:
                 attempt += 1
                 log.exception("partition %d: could not start its task (attempt %d)", number, attempt)

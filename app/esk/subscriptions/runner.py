@@ -26,6 +26,7 @@ from aiokafka.errors import IllegalStateError
 from aiokafka.structs import ConsumerRecord
 
 from ..domain.aggregate import AggregateType, one_line
+from ..kafka.acls import AUTHORIZATION_REFUSED
 from ..kafka.reader import group_member
 from ..kafka.stopping import stop_consumer
 from ..metrics import SUBSCRIPTION_CAUGHT_UP, SUBSCRIPTION_LAG, SUBSCRIPTION_PARKED, SUBSCRIPTION_PARTITIONS
@@ -100,6 +101,9 @@ class InputPartition:
                     self._resume()
             except asyncio.CancelledError:
                 raise
+            except AUTHORIZATION_REFUSED as error:
+                self.runner.refused = error  # no retry helps until an operator grants it
+                return
             except Exception as error:
                 if isinstance(error, FailedWithItsUnit):
                     self._suspects[error.offset] = error.error
@@ -182,6 +186,9 @@ class SubscriptionRunner:
         self.partitions: dict[TopicPartition, InputPartition] = {}
         self._consumer: AIOKafkaConsumer | None = None
         self._open = False  # running, its stores open (a database handler's database answered)
+        # What the cluster's authorizer refused a partition (a transactional id, a topic): the
+        # subscriber stops, telling it.
+        self.refused: Exception | None = None
 
     @property
     def consumer(self) -> AIOKafkaConsumer:
@@ -241,6 +248,8 @@ class SubscriptionRunner:
             parked_reported = lag_reported = 0.0
             while not stop.is_set():
                 fetched = await consumer.getmany(timeout_ms=200, max_records=self.settings.subscriber.batch_max_records)
+                if self.refused is not None:
+                    raise self.refused
                 for tp, records in fetched.items():
                     partition = self.partitions.get(tp)
                     if partition is not None and partition.running and records:

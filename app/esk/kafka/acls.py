@@ -1,0 +1,105 @@
+"""What an application's Kafka principal must be allowed, on a cluster whose authorizer
+refuses what no ACL allows, and how a refusal is told.
+
+Every topic, consumer group and transactional id of an application starts with `<app>.`
+(esk.kafka.topics.TopicNames, the processor's and the subscriptions' groups, their
+transactional ids, the Kafka source of the read models): three prefixed ACLs cover them, and
+no other name needs one. `esk topics acls` prints them as `kafka-acls` commands.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from typing import Literal
+
+from aiokafka.errors import (
+    ClusterAuthorizationFailedError,
+    GroupAuthorizationFailedError,
+    TopicAuthorizationFailedError,
+    TransactionalIdAuthorizationFailed,
+)
+
+from ..settings import Settings
+
+ResourceType = Literal["topic", "group", "transactional-id"]
+
+AUTHORIZATION_REFUSED = (
+    TopicAuthorizationFailedError,
+    GroupAuthorizationFailedError,
+    ClusterAuthorizationFailedError,
+    TransactionalIdAuthorizationFailed,
+)
+
+
+@dataclass(frozen=True)
+class PrefixedAcl:
+    """Allow `operations` on every resource of `resource_type` whose name starts with `prefix`."""
+
+    resource_type: ResourceType
+    prefix: str
+    operations: tuple[str, ...]  # as kafka-acls names them
+    why: str
+
+    def kafka_acls_arguments(self, principal: str) -> list[str]:
+        operations = [argument for operation in self.operations for argument in ("--operation", operation)]
+        return [
+            "--add",
+            "--allow-principal",
+            principal,
+            *operations,
+            f"--{self.resource_type}",
+            self.prefix,
+            "--resource-pattern-type",
+            "prefixed",
+        ]
+
+
+def application_acls(settings: Settings) -> list[PrefixedAcl]:
+    """The ACLs one principal needs to run every esk process of `settings.app`: `esk topics
+    init`, the processor, the API, the subscribers and the read models."""
+    prefix = f"{settings.app}."
+    return [
+        PrefixedAcl(
+            "topic",
+            prefix,
+            ("Create", "Describe", "DescribeConfigs", "Read", "Write"),
+            "`esk topics init` makes and checks the topics; the processes read and write them",
+        ),
+        PrefixedAcl(
+            "group",
+            prefix,
+            ("Describe", "Read"),
+            "the processor's and each subscription's consumer group, and their committed offsets",
+        ),
+        PrefixedAcl(
+            "transactional-id",
+            prefix,
+            ("Describe", "Write"),
+            "the processor's tasks and the Kafka subscriptions write in transactions",
+        ),
+    ]
+
+
+def kafka_acls_commands(settings: Settings, principal: str) -> list[str]:
+    """`kafka-acls` command lines that grant `principal` what `settings.app` needs, to be run
+    by a principal allowed to change ACLs (with its own `--command-config`)."""
+    return [
+        shlex.join(["kafka-acls.sh", "--bootstrap-server", settings.bootstrap_servers, *acl.kafka_acls_arguments(principal)])
+        for acl in application_acls(settings)
+    ]
+
+
+def refused_by_authorizer(settings: Settings, error: BaseException) -> str | None:
+    """One line for an error the cluster's authorizer gave (None for any other): who was
+    refused, what the broker said, and where to find the ACLs esk needs."""
+    if not isinstance(error, AUTHORIZATION_REFUSED):
+        return None
+    user = settings.kafka.sasl_plain_username
+    who, principal = (f"user {user!r}", f"User:{user}") if user else ("esk's clients", "User:<name>")
+    told = error.args[0] if error.args and isinstance(error.args[0], str) else ""
+    detail = f" ({told})" if told and told != error.message else ""
+    return (
+        f"Kafka at {settings.bootstrap_servers} refused {who}: {error.message}{detail}; "
+        f"`esk topics acls --principal {principal}` prints the ACLs app {settings.app!r} needs"
+    )
