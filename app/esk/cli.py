@@ -24,7 +24,7 @@ from rich.markup import escape
 from .broker import BrokerError, EmbeddedBroker
 from .kafka.acls import AUTHORIZATION_REFUSED, kafka_acls_commands, refused_by_authorizer
 from .kafka.client_options import KafkaAccessError, check_access
-from .kafka.topics import coordinators_ready, ensure_topics, missing_topics, topic_specs
+from .kafka.topics import TopicNames, coordinators_ready, ensure_topics, missing_topics, topic_specs
 from .logs import configure_logging
 from .registry import ImportFailed, Registry, SettingMistake, load_registry
 from .schema.lock import LOCK_FILE, Lock, LockError, build_lock, project_lock, read_lock, write_lock
@@ -520,6 +520,11 @@ def project_run(
     # A continuous run waits for a broker away, as every long-running process does (at its
     # start here, later as its query gives up); a one-shot run ends at once.
     require_kafka_access(settings, None if continuous else "a run that is not --continuous", wait=continuous)
+    # An events topic the principal may not describe (an ACL missing) is told in a line
+    # here, not in the Java trace of a query that fails on it after Spark's start.
+    topics = TopicNames(settings.app)
+    with contextlib.suppress(KafkaError, OSError), told_when_refused(settings):
+        asyncio.run(missing_topics(settings, sorted({topics.events(c) for p in chosen for c in p.model.categories})))
     try:
         code = run_and_report(settings, chosen, continuous, rebuild, console, stop_on_signals(), leave_out_invalid)
     except RunFailed as failed:

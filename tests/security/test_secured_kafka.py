@@ -122,9 +122,13 @@ def test_a_missing_acl_stops_each_process_with_one_line(secured_broker: Embedded
     settings = secured_settings_of(secured_broker, certificates, tmp_path)
     hint = f"`esk topics acls --principal User:esk-app` prints the ACLs app '{settings.app}' needs"
 
-    nothing_granted = one_line_exits(settings, tmp_path, {"topics init": ["topics", "init"], "api": ["api"], "processor": ["processor"]})
+    nothing_granted = one_line_exits(
+        settings,
+        tmp_path,
+        {"topics init": ["topics", "init"], "api": ["api"], "processor": ["processor"], "read model": ["project", "run", "customer_recent_orders"]},
+    )
     assert nothing_granted["topics init"].endswith(f"refused user 'esk-app': TOPIC_AUTHORIZATION_FAILED (creating {settings.app}.commands); {hint}")
-    for name in ("api", "processor"):  # which of the topics it asks about first is theirs to choose
+    for name in ("api", "processor", "read model"):  # which of the topics it asks about first is theirs to choose
         assert nothing_granted[name].startswith(f"error: Kafka at {settings.bootstrap_servers} refused user 'esk-app': TOPIC_AUTHORIZATION_FAILED (describing {settings.app}."), name
         assert nothing_granted[name].endswith(hint), name
 
@@ -157,6 +161,7 @@ def one_line_exits(settings: Settings, tmp_path: Path, commands: dict[str, list[
         "ESK_API__PORT": "0",
         "ESK_SUBSCRIBER__DATA_DIR": str(tmp_path / "subscriptions"),
         "ESK_SUBSCRIBER__METRICS_PORT": "0",
+        "ESK_PROJECTIONS__WAREHOUSE_DIR": str(tmp_path / "warehouse"),
         "ESK_TOPICS__PARTITIONS": str(settings.topics.partitions),
         "COLUMNS": "250",
     }
