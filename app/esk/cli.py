@@ -874,6 +874,10 @@ def subscriptions_status(
             err.print(f"[red]error:[/red] {each}: {escape(str(error))}", highlight=False, soft_wrap=True)
             behind.append(each)
             continue
+        except AUTHORIZATION_REFUSED as error:
+            err.print(f"[red]error:[/red] {each}: {escape(refused_by_authorizer(settings, error) or repr(error))}", highlight=False, soft_wrap=True)
+            behind.append(each)
+            continue
         except (KafkaError, TimeoutError) as error:  # a cluster without its quorum, say: asked for a minute
             err.print(f"[red]error:[/red] {each}: Kafka did not answer in time ({escape(repr(error))})", highlight=False, soft_wrap=True)
             behind.append(each)
@@ -999,8 +1003,10 @@ def _operate(name: str, operation: Callable[[Any], Coroutine[Any, Any, T]]) -> T
     database that does not answer, in a line."""
     from .subscriptions.operations import RefusedError
 
+    settings = load_settings()
     try:
-        return asyncio.run(operation(subscription_operations(load_settings(), name)))
+        with told_when_refused(settings):
+            return asyncio.run(operation(subscription_operations(settings, name)))
     except RefusedError as error:
         raise fail(str(error)) from None
     except _subscription_unavailable() as error:

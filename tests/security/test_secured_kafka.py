@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 from aiokafka import AIOKafkaProducer
 from typer.testing import CliRunner
@@ -28,16 +29,19 @@ from esk.protocol import EventRecord
 from esk.registry import load_registry
 from esk.settings import Settings
 from subscriptions.customer_ledger import customer_ledger
+from subscriptions.payments import payments
 from tests.security.conftest import Certificates, grant, kafka_security, secured_settings_of
 from tests.subscriptions.running import subscriber
-from tests.system import system
+from tests.system import system, wait_for
 
 pytestmark = pytest.mark.kafka
 
 START_FAILS_WITHIN_S = 30.0
 
 
-async def test_commands_and_a_subscriber_over_tls_and_scram(secured_settings: Settings) -> None:
+async def test_commands_and_subscribers_over_tls_and_scram(secured_settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With only the ACLs `esk topics acls` prints: a database handler, and a reactor (its
+    commands and offsets in transactions, the outcomes it reads, its parked topic made)."""
     async with system(secured_settings) as s:  # topics created, processor and API started
         c = s.client
         assert (await c.post("/v1/accounts/a1/open", json={"owner": "ada"})).status_code == 200
@@ -46,12 +50,28 @@ async def test_commands_and_a_subscriber_over_tls_and_scram(secured_settings: Se
         for order, price in (("o1", 5), ("o2", 7)):
             placed = await c.post(f"/v1/orders/{order}/place", json={"customer_id": "c1", "lines": [{"sku": "a", "qty": 2, "price": price}]})
             assert placed.status_code == 200
+        for order, account in (("o3", "a1"), ("o4", "nobody")):  # paid by the reactor, or cancelled by it
+            body = {"customer_id": "c2", "lines": [{"sku": "a", "qty": 1, "price": 10}], "pay_from": account}
+            assert (await c.post(f"/v1/orders/{order}/place", json=body)).status_code == 200
 
-        async with subscriber(secured_settings, customer_ledger, s.registry) as ledger:
+        async with subscriber(secured_settings, customer_ledger, s.registry) as ledger, subscriber(secured_settings, payments, s.registry):
             await ledger.caught_up()
+            await wait_for(lambda: _state_is(c, "accounts/a1", "balance", 30), 60, "o3 paid from a1")
+            await wait_for(lambda: _state_is(c, "orders/o4", "status", "cancelled"), 60, "o4 cancelled")
+        for name, value in security_environment(secured_settings).items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.setenv("ESK_TOPICS__PARTITIONS", str(secured_settings.topics.partitions))
+        monkeypatch.setenv("ESK_SUBSCRIBER__DATA_DIR", str(secured_settings.subscriber.data_dir))
+        status = await asyncio.to_thread(CliRunner().invoke, cli, ["subscriptions", "status", "payments"])
+        assert status.exit_code == 0, status.output
     database = Path(secured_settings.subscriber.data_dir) / "customer_ledger.sqlite"
     with contextlib.closing(sqlite3.connect(database)) as db:
-        assert db.execute("SELECT customer_id, orders, total FROM customer_ledger").fetchall() == [("c1", 2, 24)]
+        assert db.execute("SELECT customer_id, orders, total FROM customer_ledger WHERE customer_id = 'c1'").fetchall() == [("c1", 2, 24)]
+
+
+async def _state_is(client: httpx.AsyncClient, aggregate: str, field: str, value: object) -> bool:
+    answer = await client.get(f"/v1/{aggregate}")
+    return answer.status_code == 200 and answer.json()["state"].get(field) == value
 
 
 @pytest.mark.spark
@@ -215,3 +235,18 @@ def test_esk_topics_acls_prints_a_kafka_acls_command_per_resource_type(monkeypat
         f"{start} --operation Describe --operation Read --group shop. --resource-pattern-type prefixed",
         f"{start} --operation Describe --operation Write --transactional-id shop. --resource-pattern-type prefixed",
     ]
+
+
+def test_a_processor_group_named_otherwise_gets_acls_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ESK_PROCESSOR__GROUP_ID outside `<app>.`: its group, and its tasks' transactional ids
+    (`<group>.<partition>`), are not under the app's prefix."""
+    monkeypatch.setenv("ESK_APP", "shop")
+    monkeypatch.setenv("ESK_PROCESSOR__GROUP_ID", "payments-team-processor")
+    result = CliRunner().invoke(cli, ["topics", "acls", "--principal", "User:shop-svc"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert len(lines) == 5 and all("--resource-pattern-type prefixed" in line for line in lines)
+    assert "--operation Describe --operation Read --group payments-team-processor --resource" in lines[3]
+    assert "--operation Describe --operation Write --transactional-id payments-team-processor. --resource" in lines[4]
+    monkeypatch.setenv("ESK_PROCESSOR__GROUP_ID", "shop.processors")  # under the prefix: nothing more
+    assert len(CliRunner().invoke(cli, ["topics", "acls", "--principal", "User:shop-svc"]).output.splitlines()) == 3

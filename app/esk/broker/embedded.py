@@ -93,6 +93,13 @@ def kafka_classpath(folder: Path | None) -> str:
     return os.pathsep.join(str(jar) for jar in jars)
 
 
+def controller_host(host: str, sasl_ssl: BrokerSaslSslSettings | None) -> str:
+    """Where a node's controller listens. Behind a SASL_SSL client listener, loopback: the
+    controller's listener is PLAINTEXT, and with the authorizer on its ANONYMOUS peers may
+    do anything (its clients reach the cluster through the brokers)."""
+    return host if sasl_ssl is None else _LOOPBACK
+
+
 class BrokerNode:
     """One Kafka process, broker and controller in one, that votes in the quorum `voters`
     (`controller.quorum.voters`: every controller of the cluster, this one included).
@@ -128,6 +135,7 @@ class BrokerNode:
         self.heap = heap
         self.sasl_ssl = sasl_ssl
         self.internal_port = None if sasl_ssl is None else sasl_ssl.internal_port or port + 2
+        self.controller_host = controller_host(host, sasl_ssl)
         self.log_dir = self.data_dir / "kraft"
         self.pid_file = self.data_dir / "broker.pid"
         self.log_file = self.data_dir / "broker.log"
@@ -178,7 +186,7 @@ class BrokerNode:
         return {"broker.session.timeout.ms": "3000", "broker.heartbeat.interval.ms": "1000"}
 
     def _listener_properties(self) -> dict[str, str]:
-        host, port, cport = self.host, self.port, self.controller_port
+        host, port, cport, chost = self.host, self.port, self.controller_port, self.controller_host
         if self.sasl_ssl is None:
             return {
                 "listeners": f"PLAINTEXT://{host}:{port},CONTROLLER://{host}:{cport}",
@@ -197,7 +205,7 @@ class BrokerNode:
                 keystore["ssl.keystore.password"] = tls.keystore_password
             keystore["ssl.key.password"] = tls.keystore_password
         return {
-            "listeners": f"SASL_SSL://{host}:{port},{internal},CONTROLLER://{host}:{cport}",
+            "listeners": f"SASL_SSL://{host}:{port},{internal},CONTROLLER://{chost}:{cport}",
             "advertised.listeners": f"SASL_SSL://{host}:{port},{internal}",
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "INTERNAL",
@@ -216,7 +224,8 @@ class BrokerNode:
         if self.sasl_ssl is None or not self.sasl_ssl.acls:
             return {}
         # The node's own listeners (controller, broker to broker, esk's probe) are PLAINTEXT on
-        # loopback, where every peer is ANONYMOUS: the node itself, allowed everything.
+        # loopback, where every peer is ANONYMOUS: the node itself (and any process of the
+        # host), allowed everything.
         users = ["ANONYMOUS", *self.sasl_ssl.super_users]
         return {
             "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
@@ -353,7 +362,7 @@ class BrokerNode:
         self.pid_file.unlink(missing_ok=True)
 
     def require_free_ports(self) -> None:
-        ports = [(self.host, self.port), (self.host, self.controller_port)]
+        ports = [(self.host, self.port), (self.controller_host, self.controller_port)]
         if self.internal_port is not None:
             ports.append((_LOOPBACK, self.internal_port))
         for host, port in ports:
@@ -377,7 +386,7 @@ class EmbeddedBroker:
             port=settings.port,
             controller_port=controller_port,
             data_dir=Path(settings.data_dir),
-            voters=f"1@{settings.host}:{controller_port}",
+            voters=f"1@{controller_host(settings.host, settings.sasl_ssl)}:{controller_port}",
             internal_replication=1,
             heap=settings.heap,
             sasl_ssl=settings.sasl_ssl,

@@ -3,8 +3,10 @@ refuses what no ACL allows, and how a refusal is told.
 
 Every topic, consumer group and transactional id of an application starts with `<app>.`
 (esk.kafka.topics.TopicNames, the processor's and the subscriptions' groups, their
-transactional ids, the Kafka source of the read models): three prefixed ACLs cover them, and
-no other name needs one. `esk topics acls` prints them as `kafka-acls` commands.
+transactional ids), but for a processor group named otherwise (ESK_PROCESSOR__GROUP_ID):
+prefixed ACLs cover them. Spark's Kafka source reads by assignment and commits nothing, and
+esk's other readers have no group: no other name needs one. `esk topics acls` prints them
+as `kafka-acls` commands.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from aiokafka.errors import (
 )
 
 from ..settings import Settings
+from .topics import processor_group
 
 ResourceType = Literal["topic", "group", "transactional-id"]
 
@@ -59,6 +62,11 @@ def application_acls(settings: Settings) -> list[PrefixedAcl]:
     """The ACLs one principal needs to run every esk process of `settings.app`: `esk topics
     init`, the processor, the API, the subscribers and the read models."""
     prefix = f"{settings.app}."
+    group = processor_group(settings)
+    named_otherwise = [
+        PrefixedAcl("group", group, ("Describe", "Read"), "the processor's group, named by ESK_PROCESSOR__GROUP_ID"),
+        PrefixedAcl("transactional-id", f"{group}.", ("Describe", "Write"), "the processor's tasks, named after its group"),
+    ]
     return [
         PrefixedAcl(
             "topic",
@@ -76,8 +84,9 @@ def application_acls(settings: Settings) -> list[PrefixedAcl]:
             "transactional-id",
             prefix,
             ("Describe", "Write"),
-            "the processor's tasks and the Kafka subscriptions write in transactions",
+            "the processor's tasks and each reactor's partitions write in transactions",
         ),
+        *(named_otherwise if not group.startswith(prefix) else ()),
     ]
 
 

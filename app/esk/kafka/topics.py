@@ -66,6 +66,11 @@ class TopicNames:
         return f"{self.app}.{aggregate_type}.events"
 
 
+def processor_group(settings: Settings) -> str:
+    """The processor's consumer group; its tasks' transactional ids are `<group>.<partition>`."""
+    return settings.processor.group_id or f"{settings.app}.processor"
+
+
 def topic_specs(settings: Settings, aggregate_types: Iterable[str]) -> list[TopicSpec]:
     names = TopicNames(settings.app)
     t = settings.topics
@@ -158,7 +163,7 @@ async def coordinators_ready(settings: Settings, timeout_s: float = 30.0) -> Exc
     request for one, and answers "not available" until they are led: waited out once, as
     the topics are made, rather than by each processor and subscriber, which log every such
     answer. Returns why they did not answer (a principal not allowed to ask, say), if not."""
-    key = settings.processor.group_id or f"{settings.app}.processor"
+    key = processor_group(settings)
     admin = AIOKafkaAdminClient(**client_options(settings))
     await admin.start()
     try:

@@ -19,7 +19,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 
 from ..kafka.reader import group_member
 from ..kafka.stopping import stop_consumer
-from ..kafka.topics import TopicNames
+from ..kafka.topics import TopicNames, processor_group
 from ..metrics import COMMANDS_LAG, REVOKE_SECONDS, STORE_MEMORY, forget_partitions
 from ..processes import hold_lock
 from ..registry import Registry
@@ -48,7 +48,7 @@ class Processor:
     ) -> None:
         self.settings = settings
         self.topics = TopicNames(settings.app)
-        self.group_id = settings.processor.group_id or f"{settings.app}.processor"
+        self.group_id = processor_group(settings)
         self.directory = StateDirectory(settings.processor.state_dir, self.topics.commands)
         self.resources = StoreResources(settings.processor.memory_budget_mb)
         self.task_manager = TaskManager(settings, registry, self.directory, self.resources, self.group_id, on_restore_progress)

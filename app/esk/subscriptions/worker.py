@@ -28,6 +28,7 @@ from opentelemetry.trace import SpanKind
 
 from .. import tracing
 from ..domain.aggregate import NewerSchemaVersion, one_line
+from ..kafka.acls import AUTHORIZATION_REFUSED
 from ..metrics import SUBSCRIPTION_EVENTS
 from .api import AnySubscription, Retries
 from .parking import ParkedEvent, ParkStatus, aggregate_key
@@ -141,6 +142,9 @@ class PartitionWorker:
             except Fenced:
                 await unit.abort()
                 raise
+            except AUTHORIZATION_REFUSED:  # the parked topic's read refused: no retry helps (SubscriptionRunner)
+                await _abort_quietly(unit)
+                raise
             except Exception as error:  # a handler's failure took the unit with it (its database transaction ended)
                 await _abort_quietly(unit)
                 self._not_taken_up.add(key)
@@ -210,7 +214,7 @@ class PartitionWorker:
                 except Exception as error:
                     try:
                         await self._commit(unit, record.offset)  # what came before it, without it
-                    except Fenced:
+                    except (Fenced, *AUTHORIZATION_REFUSED):
                         raise
                     except Exception as lost:
                         raise FailedWithItsUnit(record.offset, error) from lost
