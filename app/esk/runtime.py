@@ -159,7 +159,16 @@ def run_api(settings: Settings, wait: Callable[[], None] = lambda: None) -> None
         app = create_app(settings, registry)
         _freeze_startup_objects()
         server = uvicorn.Server(uvicorn.Config(app, **server_options(settings)))
-        server.run(sockets=[listening])
+        refusal_told_once = _NotWhileRefused(app)
+        logging.getLogger("uvicorn.error").addFilter(refusal_told_once)
+        try:
+            server.run(sockets=[listening])
+        except SystemExit:  # uvicorn's, at a failed start
+            if app.state.refused is not None:
+                raise app.state.refused from None
+            raise
+        finally:
+            logging.getLogger("uvicorn.error").removeFilter(refusal_told_once)
         if not server.started:  # its startup failed (uvicorn.run exits 3 then): a supervisor must see a failure
             raise SystemExit(3)
     finally:
@@ -167,6 +176,18 @@ def run_api(settings: Settings, wait: Callable[[], None] = lambda: None) -> None
             listening.close()
         if held is not None:
             held.close()
+
+
+class _NotWhileRefused(logging.Filter):
+    """uvicorn's lines about a start the cluster's authorizer refused (its traceback, "startup
+    failed"): the caller tells the refusal in a line of its own."""
+
+    def __init__(self, app: Any) -> None:
+        super().__init__()
+        self.app = app
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.app.state.refused is None
 
 
 def run_subscriber(settings: Settings, name: str, wait: Callable[[], None] = lambda: None) -> None:

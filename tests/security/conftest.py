@@ -25,6 +25,9 @@ from esk.settings import BrokerSaslSslSettings, BrokerSettings, Settings
 
 USER, PASSWORD = "esk-app", 's3cret=[with]"odd" characters'
 ADMIN, ADMIN_PASSWORD = "acl-admin", "admin-s3cret"  # a super user: grants the ACLs
+# A user granted no Write anywhere: Kafka lets any user that may write some topic start an
+# idempotent producer, and USER may write the topics of every test's app.
+READER, READER_PASSWORD = "esk-reader", "reader-s3cret"
 
 
 @dataclass(frozen=True)
@@ -64,7 +67,7 @@ def secured_broker(tmp_path_factory: pytest.TempPathFactory, certificates: Certi
     port, controller_port, internal_port = listening_ports("127.0.0.1", 3)
     sasl_ssl = BrokerSaslSslSettings(
         keystore=certificates.keystore,
-        users={USER: PASSWORD, ADMIN: ADMIN_PASSWORD},
+        users={USER: PASSWORD, ADMIN: ADMIN_PASSWORD, READER: READER_PASSWORD},
         internal_port=internal_port,
         acls=True,
         super_users=[ADMIN],
@@ -92,6 +95,12 @@ def kafka_security(broker: EmbeddedBroker, certificates: Certificates, **overrid
 def grant(broker: EmbeddedBroker, certificates: Certificates, settings: Settings, only: Collection[str] | None = None) -> None:
     """Run, as the super user, the `kafka-acls` commands esk prints for `settings.app` and
     USER (those of the resource types `only`, if given)."""
+    acls, lines = application_acls(settings), kafka_acls_commands(settings, f"User:{USER}")
+    kafka_acls(certificates, [shlex.split(line) for acl, line in zip(acls, lines, strict=True) if only is None or acl.resource_type in only])
+
+
+def kafka_acls(certificates: Certificates, commands: list[list[str]]) -> None:
+    """Run `kafka-acls.sh` command lines (split) with Kafka's own tool, as the super user."""
     admin_config = Path(str(certificates.ca) + ".admin.properties")
     admin_config.write_text(
         "security.protocol=SASL_SSL\nsasl.mechanism=SCRAM-SHA-512\nssl.truststore.type=PEM\n"
@@ -99,8 +108,6 @@ def grant(broker: EmbeddedBroker, certificates: Certificates, settings: Settings
         "sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required "
         f'username="{ADMIN}" password="{ADMIN_PASSWORD}";\n'
     )
-    acls, lines = application_acls(settings), kafka_acls_commands(settings, f"User:{USER}")
-    commands = [shlex.split(line) for acl, line in zip(acls, lines, strict=True) if only is None or acl.resource_type in only]
     java, classpath = java_executable("java"), kafka_classpath(None)
     running = [
         subprocess.Popen(

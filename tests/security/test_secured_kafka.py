@@ -23,6 +23,7 @@ from typer.testing import CliRunner
 
 from esk.broker import EmbeddedBroker
 from esk.cli import cli, init_topics
+from esk.kafka.acls import PrefixedAcl
 from esk.kafka.client_options import client_options
 from esk.kafka.topics import TopicNames, ensure_topics, topic_specs
 from esk.protocol import EventRecord
@@ -30,7 +31,7 @@ from esk.registry import load_registry
 from esk.settings import Settings
 from subscriptions.customer_ledger import customer_ledger
 from subscriptions.payments import payments
-from tests.security.conftest import Certificates, grant, kafka_security, secured_settings_of
+from tests.security.conftest import READER, READER_PASSWORD, Certificates, grant, kafka_acls, kafka_security, secured_settings_of
 from tests.subscriptions.running import subscriber
 from tests.system import system, wait_for
 
@@ -152,6 +153,18 @@ def test_a_missing_acl_stops_each_process_with_one_line(secured_broker: Embedded
         assert nothing_granted[name].startswith(f"error: Kafka at {settings.bootstrap_servers} refused user 'esk-app': TOPIC_AUTHORIZATION_FAILED (describing {settings.app}."), name
         assert nothing_granted[name].endswith(hint), name
 
+    # A user that may read the topics and write none: the API's producer may not start.
+    reader = settings.model_copy(update={"kafka": settings.kafka.model_copy(update={"sasl_plain_username": READER, "sasl_plain_password": READER_PASSWORD})})
+    read_only = PrefixedAcl("topic", f"{settings.app}.", ("Describe", "Read"), "")
+    kafka_acls(certificates, [["kafka-acls.sh", "--bootstrap-server", settings.bootstrap_servers, *read_only.kafka_acls_arguments(f"User:{READER}")]])
+    api = subprocess.run(
+        [sys.executable, "-m", "esk", "api"], env=esk_environment(reader, tmp_path), capture_output=True, text=True, timeout=START_FAILS_WITHIN_S
+    )
+    assert api.returncode == 1 and "Traceback" not in api.stderr, api.stderr
+    assert api.stderr.splitlines()[-1].endswith(
+        f"refused user '{READER}': CLUSTER_AUTHORIZATION_FAILED; `esk topics acls --principal User:{READER}` prints the ACLs app '{settings.app}' needs"
+    ), api.stderr
+
     # The topics and the groups, not the transactional ids: the topics are made, the
     # processor joins its group and is given partitions, and each task's producer refused.
     grant(secured_broker, certificates, settings, only=("topic", "group"))
@@ -168,11 +181,9 @@ def test_a_missing_acl_stops_each_process_with_one_line(secured_broker: Embedded
     ), no_transactions["reactor"]
 
 
-def one_line_exits(settings: Settings, tmp_path: Path, commands: dict[str, list[str]]) -> dict[str, str]:
-    """Run each `esk` command of `commands` in a process of its own, with `settings`' Kafka
-    variables; each must exit 1 within START_FAILS_WITHIN_S, with one line on stderr (no
-    traceback, no retry messages): those lines, by name."""
-    env = {
+def esk_environment(settings: Settings, tmp_path: Path) -> dict[str, str]:
+    """The environment of an `esk` process over `settings`' broker and app, its state in `tmp_path`."""
+    return {
         **os.environ,
         **security_environment(settings),
         "ESK_PROCESSOR__STATE_DIR": str(tmp_path / "processor"),
@@ -185,6 +196,13 @@ def one_line_exits(settings: Settings, tmp_path: Path, commands: dict[str, list[
         "ESK_TOPICS__PARTITIONS": str(settings.topics.partitions),
         "COLUMNS": "250",
     }
+
+
+def one_line_exits(settings: Settings, tmp_path: Path, commands: dict[str, list[str]]) -> dict[str, str]:
+    """Run each `esk` command of `commands` in a process of its own, with `settings`' Kafka
+    variables; each must exit 1 within START_FAILS_WITHIN_S, with one line on stderr (no
+    traceback, no retry messages): those lines, by name."""
+    env = esk_environment(settings, tmp_path)
     started = time.monotonic()
     running = {
         name: subprocess.Popen([sys.executable, "-m", "esk", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ..kafka.acls import AUTHORIZATION_REFUSED
 from ..kafka.topics import TopicNames
 from ..metrics import READ_MODEL_LAG, READ_MODEL_PARKED, READ_MODEL_POSITION, Kind, exported
 from ..projections.catalog import needs_spark_extra
@@ -140,14 +141,20 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
     intake = CommandIntake(settings, gateway, replica, positions)
 
     @asynccontextmanager
-    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await _tell_read_models_misconfigured()
-        await replica.start()
-        if history is not None:
-            # Once the replica has caught up: a long history must not delay serving commands.
-            await history.start(not_before=replica.ready)
-        await gateway.start()
-        await positions.start()
+        try:
+            await replica.start()
+            if history is not None:
+                # Once the replica has caught up: a long history must not delay serving commands.
+                await history.start(not_before=replica.ready)
+            await gateway.start()
+            await positions.start()
+        except AUTHORIZATION_REFUSED as error:
+            # An ACL missing (the producer's Write, say): the start fails, and `run_api`
+            # tells it in a line rather than uvicorn's traceback.
+            app.state.refused = error
+            raise
         try:
             yield
         finally:
@@ -165,6 +172,7 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
         **_fastapi_telemetry(settings),
     )
     app.state.replica = replica
+    app.state.refused = None
     app.state.history = history
     app.state.gateway = gateway
 
