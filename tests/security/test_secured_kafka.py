@@ -25,7 +25,7 @@ from esk.broker import EmbeddedBroker
 from esk.cli import cli, init_topics
 from esk.kafka.acls import PrefixedAcl
 from esk.kafka.client_options import client_options
-from esk.kafka.topics import TopicNames, ensure_topics, topic_specs
+from esk.kafka.topics import TopicNames, coordinators_ready, ensure_topics, topic_specs
 from esk.protocol import EventRecord
 from esk.registry import load_registry
 from esk.settings import Settings
@@ -33,7 +33,7 @@ from subscriptions.customer_ledger import customer_ledger
 from subscriptions.payments import payments
 from tests.security.conftest import READER, READER_PASSWORD, Certificates, grant, kafka_acls, kafka_security, secured_settings_of
 from tests.subscriptions.running import subscriber
-from tests.system import system, wait_for
+from tests.system import processor, system, wait_for
 
 pytestmark = pytest.mark.kafka
 
@@ -253,6 +253,19 @@ def test_esk_topics_acls_prints_a_kafka_acls_command_per_resource_type(monkeypat
         f"{start} --operation Describe --operation Read --group shop. --resource-pattern-type prefixed",
         f"{start} --operation Describe --operation Write --transactional-id shop. --resource-pattern-type prefixed",
     ]
+
+
+async def test_a_processor_group_named_otherwise_runs_with_the_acls_printed_for_it(
+    secured_broker: EmbeddedBroker, certificates: Certificates, tmp_path: Path
+) -> None:
+    settings = secured_settings_of(secured_broker, certificates, tmp_path)
+    settings = settings.model_copy(update={"processor": settings.processor.model_copy(update={"group_id": f"team-{settings.app}"})})
+    await asyncio.to_thread(grant, secured_broker, certificates, settings)
+    registry = load_registry(settings.domain)
+    assert not (await ensure_topics(settings, topic_specs(settings, registry))).problems
+    assert await coordinators_ready(settings) is None  # what `esk topics init` asks, as it warns otherwise
+    async with processor(settings, registry):  # ready: in its group, every task's transactional id started
+        pass
 
 
 def test_a_processor_group_named_otherwise_gets_acls_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -163,11 +163,14 @@ async def coordinators_ready(settings: Settings, timeout_s: float = 30.0) -> Exc
     request for one, and answers "not available" until they are led: waited out once, as
     the topics are made, rather than by each processor and subscriber, which log every such
     answer. Returns why they did not answer (a principal not allowed to ask, say), if not."""
-    key = processor_group(settings)
+    group = processor_group(settings)
+    # a consumer group's, a transactional id's: the processor's, and its first task's
+    # (`<group>.<partition>`, which the ACLs of `esk topics acls` cover)
+    keys = ((group, 0), (f"{group}.0", 1))
     admin = AIOKafkaAdminClient(**client_options(settings))
     await admin.start()
     try:
-        for coordinator_type in (0, 1):  # a consumer group's, a transactional id's
+        for key, coordinator_type in keys:
             await retry_while_brokers_fail(functools.partial(admin.find_coordinator, key, coordinator_type), timeout_s)
     except (KafkaError, TimeoutError) as error:
         return error
