@@ -59,6 +59,9 @@ class BrokerSaslSslSettings(BaseModel):
     # name -> password, e.g. {"esk": "..."}; created when the storage is formatted (first start).
     users: dict[str, str] = Field(default_factory=dict)
     internal_port: int | None = None  # default: port + 2
+    # Clients must also present a TLS certificate issued by one of these CAs (PEM); their
+    # principal stays their SASL user. None: no client certificate asked for.
+    client_ca: Path | None = None
     # Kafka's StandardAuthorizer on: a user may then do only what ACLs allow it
     # (`esk topics acls` prints esk's), but for these users, who may do anything.
     acls: bool = False

@@ -35,6 +35,11 @@ class Certificates:
     keystore: Path  # the broker's private key and self-signed certificate, PEM
     ca: Path  # that certificate alone: what clients trust
     stranger_ca: Path  # another self-signed certificate: trusting it, a client must refuse the broker
+    client_certificate: Path  # what esk's clients present: the broker trusts it as its own CA
+    client_key: Path  # its key, PKCS#8 encrypted with CLIENT_KEY_PASSWORD
+
+
+CLIENT_KEY_PASSWORD = "client-key-s3cret"
 
 
 def self_signed(folder: Path, name: str) -> tuple[Path, Path]:
@@ -59,7 +64,14 @@ def certificates(tmp_path_factory: pytest.TempPathFactory) -> Certificates:
     folder = tmp_path_factory.mktemp("certificates")
     keystore, ca = self_signed(folder, "broker")
     _, stranger = self_signed(folder, "stranger")
-    return Certificates(keystore, ca, stranger)
+    _, client = self_signed(folder, "esk-client")
+    encrypted_key = folder / "esk-client.encrypted.key"
+    subprocess.run(
+        ["openssl", "pkcs8", "-topk8", "-v2", "aes-256-cbc", "-in", str(folder / "esk-client.key"),
+         "-out", str(encrypted_key), "-passout", f"pass:{CLIENT_KEY_PASSWORD}"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return Certificates(keystore, ca, stranger, client, encrypted_key)
 
 
 @pytest.fixture(scope="session")
@@ -69,6 +81,7 @@ def secured_broker(tmp_path_factory: pytest.TempPathFactory, certificates: Certi
         keystore=certificates.keystore,
         users={USER: PASSWORD, ADMIN: ADMIN_PASSWORD, READER: READER_PASSWORD},
         internal_port=internal_port,
+        client_ca=certificates.client_certificate,
         acls=True,
         super_users=[ADMIN],
     )
@@ -85,6 +98,9 @@ def kafka_security(broker: EmbeddedBroker, certificates: Certificates, **overrid
         "bootstrap_servers": broker.bootstrap,
         "security_protocol": "SASL_SSL",
         "ssl_cafile": str(certificates.ca),
+        "ssl_certfile": str(certificates.client_certificate),
+        "ssl_keyfile": str(certificates.client_key),
+        "ssl_password": CLIENT_KEY_PASSWORD,
         "sasl_mechanism": "SCRAM-SHA-512",
         "sasl_plain_username": USER,
         "sasl_plain_password": PASSWORD,
@@ -104,7 +120,8 @@ def kafka_acls(certificates: Certificates, commands: list[list[str]]) -> None:
     admin_config = Path(str(certificates.ca) + ".admin.properties")
     admin_config.write_text(
         "security.protocol=SASL_SSL\nsasl.mechanism=SCRAM-SHA-512\nssl.truststore.type=PEM\n"
-        f"ssl.truststore.location={certificates.ca}\n"
+        f"ssl.truststore.location={certificates.ca}\nssl.keystore.type=PEM\n"
+        f"ssl.keystore.location={certificates.client_certificate.with_suffix('.pem')}\n"
         "sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required "
         f'username="{ADMIN}" password="{ADMIN_PASSWORD}";\n'
     )

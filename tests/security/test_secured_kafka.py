@@ -120,6 +120,9 @@ def security_environment(settings: Settings) -> dict[str, str]:
         "ESK_KAFKA__BOOTSTRAP_SERVERS": settings.bootstrap_servers,
         "ESK_KAFKA__SECURITY_PROTOCOL": kafka.security_protocol,
         "ESK_KAFKA__SSL_CAFILE": str(kafka.ssl_cafile),
+        "ESK_KAFKA__SSL_CERTFILE": str(kafka.ssl_certfile),
+        "ESK_KAFKA__SSL_KEYFILE": str(kafka.ssl_keyfile),
+        "ESK_KAFKA__SSL_PASSWORD": str(kafka.ssl_password),
         "ESK_KAFKA__SASL_MECHANISM": str(kafka.sasl_mechanism),
         "ESK_KAFKA__SASL_PLAIN_USERNAME": str(kafka.sasl_plain_username),
         "ESK_KAFKA__SASL_PLAIN_PASSWORD": str(kafka.sasl_plain_password),
@@ -281,3 +284,19 @@ def test_a_processor_group_named_otherwise_gets_acls_of_its_own(monkeypatch: pyt
     assert "--operation Describe --operation Write --transactional-id payments-team-processor. --resource" in lines[4]
     monkeypatch.setenv("ESK_PROCESSOR__GROUP_ID", "shop.processors")  # under the prefix: nothing more
     assert len(CliRunner().invoke(cli, ["topics", "acls", "--principal", "User:shop-svc"]).output.splitlines()) == 3
+
+
+def test_no_client_certificate_stops_topics_init_with_one_line(
+    secured_settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The listener asks for a client certificate (mutual TLS): a client without one is told so."""
+    for name, value in security_environment(secured_settings).items():
+        if not name.startswith(("ESK_KAFKA__SSL_CERTFILE", "ESK_KAFKA__SSL_KEYFILE", "ESK_KAFKA__SSL_PASSWORD")):
+            monkeypatch.setenv(name, value)
+    monkeypatch.setenv("COLUMNS", "250")
+    result = CliRunner().invoke(cli, ["topics", "init"])
+    assert result.exit_code == 1
+    assert result.output.strip() == (
+        f"error: Kafka at {secured_settings.bootstrap_servers} refused esk's TLS client certificate (SSLV3_ALERT_BAD_CERTIFICATE): "
+        "it asks for one; ESK_KAFKA__SSL_CERTFILE and ESK_KAFKA__SSL_KEYFILE name it (ESK_KAFKA__SSL_PASSWORD an encrypted key's password)"
+    )

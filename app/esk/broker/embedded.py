@@ -217,7 +217,18 @@ class BrokerNode:
                 "org.apache.kafka.common.security.scram.ScramLoginModule required;"
             ),
             **keystore,
+            **self._client_auth_properties(),
             **self._authorizer_properties(),
+        }
+
+    def _client_auth_properties(self) -> dict[str, str]:
+        if self.sasl_ssl is None or self.sasl_ssl.client_ca is None:
+            return {}
+        # A SASL_SSL listener reads its client authentication only under its own prefix.
+        return {
+            "listener.name.sasl_ssl.ssl.client.auth": "required",
+            "listener.name.sasl_ssl.ssl.truststore.type": "PEM",
+            "listener.name.sasl_ssl.ssl.truststore.location": str(Path(self.sasl_ssl.client_ca).resolve()),
         }
 
     def _authorizer_properties(self) -> dict[str, str]:

@@ -156,7 +156,14 @@ async def check_access(settings: Settings) -> bool:
                 f"({options.get('sasl_mechanism', 'PLAIN')}): {_detail(error)}; check ESK_KAFKA__SASL_MECHANISM, "
                 "ESK_KAFKA__SASL_PLAIN_USERNAME and ESK_KAFKA__SASL_PLAIN_PASSWORD"
             ) from None
-        except (ConnectionResetError, KafkaConnectionError):
+        except (ConnectionResetError, KafkaConnectionError) as error:
+            if (refused := _client_certificate_refused(error)) is not None:
+                given = settings.kafka.ssl_certfile
+                raise KafkaAccessError(
+                    f"{where} refused esk's TLS client certificate ({refused}): "
+                    + (f"is {given} one its CAs issued?" if given else "it asks for one")
+                    + "; ESK_KAFKA__SSL_CERTFILE and ESK_KAFKA__SSL_KEYFILE name it (ESK_KAFKA__SSL_PASSWORD an encrypted key's password)"
+                ) from None
             # TLS spoken to a listener without it, or the other way round: the peer hangs
             # up. A broker shutting down does too, so this alone is no verdict.
             closed_in_handshake.append(address)
@@ -171,6 +178,20 @@ async def check_access(settings: Settings) -> bool:
             f"is ESK_KAFKA__SECURITY_PROTOCOL={protocol} what its listener speaks?"
         )
     return False
+
+
+# The alerts a TLS server sends about the client's certificate (none, or one it does not trust).
+_CLIENT_CERTIFICATE_ALERTS = ("CERTIFICATE_REQUIRED", "BAD_CERTIFICATE", "UNKNOWN_CA", "CERTIFICATE_UNKNOWN")
+
+
+def _client_certificate_refused(error: BaseException) -> str | None:
+    """The alert, when the connection ended because the broker refused the client's TLS
+    certificate: with TLS 1.3 the client hears it only as the connection closes."""
+    cause = error.__cause__ or error.__context__
+    reason = cause.reason if isinstance(cause, ssl.SSLError) else None
+    if reason and any(alert in reason for alert in _CLIENT_CERTIFICATE_ALERTS):
+        return str(reason)
+    return None
 
 
 _CONNECTION_OPTIONS = (

@@ -234,15 +234,25 @@ def _java_tls_options(settings: Settings) -> dict[str, str]:
         options["kafka.ssl.endpoint.identification.algorithm"] = ""  # Java checks by default
     if k.ssl_certfile and k.ssl_keyfile:
         # The Java client's PEM keystore wants the key and the chain together; given as
-        # two files (as aiokafka takes them), they go in as values. The key must be PKCS#8.
+        # two files (as aiokafka takes them), they go in as values.
         options |= {
             "kafka.ssl.keystore.type": "PEM",
             "kafka.ssl.keystore.certificate.chain": Path(k.ssl_certfile).read_text(),
-            "kafka.ssl.keystore.key": Path(k.ssl_keyfile).read_text(),
+            "kafka.ssl.keystore.key": _pkcs8_key(Path(k.ssl_keyfile), k.ssl_password),
         }
-        if k.ssl_password:
-            options["kafka.ssl.key.password"] = k.ssl_password
     return options
+
+
+def _pkcs8_key(path: Path, password: str | None) -> str:
+    """The client's key as Java's PEM keystore reads it: PKCS#8, not encrypted. Java 17 cannot
+    decrypt a key encrypted as OpenSSL 3 does by default (PBES2: "PBES2 SecretKeyFactory not
+    available"), and reads no traditional (PKCS#1, SEC1) key: decrypted here, it stays in the
+    driver's memory and in the query's options, which Spark redacts in its plans (the
+    session's `spark.sql.redaction.options.regex`)."""
+    from cryptography.hazmat.primitives import serialization
+
+    key = serialization.load_pem_private_key(path.read_bytes(), password.encode() if password else None)
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()).decode()
 
 
 def _jaas_quoted(value: str) -> str:

@@ -106,6 +106,9 @@ def spark_session(settings: Settings, app_name: str = "esk", archive_to: Path | 
         # addressed by path, so that folder stays empty, beside them.
         "spark.sql.warehouse.dir": str(Path(p.warehouse_dir).absolute() / "_spark"),
         "spark.sql.streaming.stopGracefullyOnShutdown": "true",
+        # Spark's default ("(?i)url") and the client key esk hands the Kafka source
+        # (events._pkcs8_key): redacted in plans, as the options' passwords are already.
+        "spark.sql.redaction.options.regex": "(?i)url|keystore",
         **CACHE_WITHOUT_CLONES,
     }
     if not _submitted():
