@@ -31,7 +31,16 @@ from esk.registry import load_registry
 from esk.settings import Settings
 from subscriptions.customer_ledger import customer_ledger
 from subscriptions.payments import payments
-from tests.security.conftest import READER, READER_PASSWORD, Certificates, grant, kafka_acls, kafka_security, secured_settings_of
+from tests.security.conftest import (
+    CLIENT_KEY_PASSWORD,
+    READER,
+    READER_PASSWORD,
+    Certificates,
+    grant,
+    kafka_acls,
+    kafka_security,
+    secured_settings_of,
+)
 from tests.subscriptions.running import subscriber
 from tests.system import processor, system, wait_for
 
@@ -300,3 +309,28 @@ def test_no_client_certificate_stops_topics_init_with_one_line(
         f"error: Kafka at {secured_settings.bootstrap_servers} refused esk's TLS client certificate (SSLV3_ALERT_BAD_CERTIFICATE): "
         "it asks for one; ESK_KAFKA__SSL_CERTFILE and ESK_KAFKA__SSL_KEYFILE name it (ESK_KAFKA__SSL_PASSWORD an encrypted key's password)"
     )
+
+
+def test_a_wrong_key_password_or_a_missing_file_stops_topics_init_with_one_line(
+    certificates: Certificates, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Read before any connection: no broker is needed to tell them."""
+    monkeypatch.setenv("ESK_KAFKA__BOOTSTRAP_SERVERS", "127.0.0.1:9")
+    monkeypatch.setenv("ESK_KAFKA__SECURITY_PROTOCOL", "SSL")
+    monkeypatch.setenv("ESK_KAFKA__SSL_CAFILE", str(certificates.ca))
+    monkeypatch.setenv("ESK_KAFKA__SSL_CERTFILE", str(certificates.client_certificate))
+    monkeypatch.setenv("ESK_KAFKA__SSL_KEYFILE", str(certificates.client_key))
+    monkeypatch.setenv("ESK_KAFKA__SSL_PASSWORD", "not the password")
+    monkeypatch.setenv("COLUMNS", "250")
+    check = "check ESK_KAFKA__SSL_CAFILE, ESK_KAFKA__SSL_CERTFILE, ESK_KAFKA__SSL_KEYFILE and ESK_KAFKA__SSL_PASSWORD (an encrypted key's password)"
+    wrong_password = CliRunner().invoke(cli, ["topics", "init"])
+    assert wrong_password.exit_code == 1
+    assert wrong_password.output.strip() == (
+        "error: esk's TLS files could not be read (the client certificate and key do not load: a wrong password, "
+        f"or a key not the certificate's): {check}"
+    )
+    monkeypatch.setenv("ESK_KAFKA__SSL_PASSWORD", CLIENT_KEY_PASSWORD)
+    monkeypatch.setenv("ESK_KAFKA__SSL_CAFILE", str(tmp_path / "missing.crt"))
+    missing = CliRunner().invoke(cli, ["topics", "init"])
+    assert missing.exit_code == 1
+    assert missing.output.strip() == f"error: esk's TLS files could not be read (No such file or directory): {check}"

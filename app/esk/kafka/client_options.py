@@ -129,7 +129,17 @@ async def check_access(settings: Settings) -> bool:
     KafkaAccessError when TLS or SASL refuses the connection. A broker that cannot be
     reached is no error here (each client reports that, or waits for it, as it does): the
     answer is whether one was."""
-    options = client_options(settings)
+    try:
+        options = client_options(settings)
+    except (ssl.SSLError, OSError) as error:  # every client would fail so, with a traceback
+        if not isinstance(error, ssl.SSLError):  # a file not there, or not readable (ssl names none)
+            told = f"{error.strerror or error}" + (f": {error.filename}" if error.filename else "")
+        else:  # Python's ssl says only "PEM lib" of a key it cannot decrypt or that is not the certificate's
+            told = error.reason or "the client certificate and key do not load: a wrong password, or a key not the certificate's"
+        raise KafkaAccessError(
+            f"esk's TLS files could not be read ({told}): check ESK_KAFKA__SSL_CAFILE, ESK_KAFKA__SSL_CERTFILE, "
+            "ESK_KAFKA__SSL_KEYFILE and ESK_KAFKA__SSL_PASSWORD (an encrypted key's password)"
+        ) from None
     connection_options = {name: options[name] for name in _CONNECTION_OPTIONS if name in options}
     protocol = settings.kafka.security_protocol
     closed_in_handshake = []
