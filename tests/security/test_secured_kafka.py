@@ -240,16 +240,21 @@ def one_line_exits(settings: Settings, tmp_path: Path, commands: dict[str, list[
 def test_an_untrusted_certificate_stops_topics_init_with_one_line(
     secured_settings: Settings, certificates: Certificates, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for name, value in security_environment(secured_settings).items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.setenv("ESK_KAFKA__SSL_CAFILE", str(certificates.stranger_ca))
-    monkeypatch.setenv("COLUMNS", "250")
-    result = CliRunner().invoke(cli, ["topics", "init"])
-    assert result.exit_code == 1
-    assert result.output.strip() == (
+    environment = security_environment(secured_settings) | {"ESK_KAFKA__SSL_CAFILE": str(certificates.stranger_ca)}
+    assert topics_init_error(monkeypatch, environment) == (
         f"error: Kafka at {secured_settings.bootstrap_servers}: its TLS certificate is not trusted (self-signed certificate); "
         "ESK_KAFKA__SSL_CAFILE names the CA certificates to trust (PEM)"
     )
+
+
+def topics_init_error(monkeypatch: pytest.MonkeyPatch, environment: dict[str, str]) -> str:
+    """What `esk topics init` says, in `environment`, as it exits 1."""
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("COLUMNS", "250")
+    result = CliRunner().invoke(cli, ["topics", "init"])
+    assert result.exit_code == 1, result.output
+    return result.output.strip()
 
 
 def test_esk_topics_acls_prints_a_kafka_acls_command_per_resource_type(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -295,17 +300,11 @@ def test_a_processor_group_named_otherwise_gets_acls_of_its_own(monkeypatch: pyt
     assert len(CliRunner().invoke(cli, ["topics", "acls", "--principal", "User:shop-svc"]).output.splitlines()) == 3
 
 
-def test_no_client_certificate_stops_topics_init_with_one_line(
-    secured_settings: Settings, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_no_client_certificate_stops_topics_init_with_one_line(secured_settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
     """The listener asks for a client certificate (mutual TLS): a client without one is told so."""
-    for name, value in security_environment(secured_settings).items():
-        if not name.startswith(("ESK_KAFKA__SSL_CERTFILE", "ESK_KAFKA__SSL_KEYFILE", "ESK_KAFKA__SSL_PASSWORD")):
-            monkeypatch.setenv(name, value)
-    monkeypatch.setenv("COLUMNS", "250")
-    result = CliRunner().invoke(cli, ["topics", "init"])
-    assert result.exit_code == 1
-    assert result.output.strip() == (
+    certificate = ("ESK_KAFKA__SSL_CERTFILE", "ESK_KAFKA__SSL_KEYFILE", "ESK_KAFKA__SSL_PASSWORD")
+    environment = {name: value for name, value in security_environment(secured_settings).items() if name not in certificate}
+    assert topics_init_error(monkeypatch, environment) == (
         f"error: Kafka at {secured_settings.bootstrap_servers} refused esk's TLS client certificate (SSLV3_ALERT_BAD_CERTIFICATE): "
         "it asks for one; ESK_KAFKA__SSL_CERTFILE and ESK_KAFKA__SSL_KEYFILE name it (ESK_KAFKA__SSL_PASSWORD an encrypted key's password)"
     )
@@ -315,22 +314,18 @@ def test_a_wrong_key_password_or_a_missing_file_stops_topics_init_with_one_line(
     certificates: Certificates, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """Read before any connection: no broker is needed to tell them."""
-    monkeypatch.setenv("ESK_KAFKA__BOOTSTRAP_SERVERS", "127.0.0.1:9")
-    monkeypatch.setenv("ESK_KAFKA__SECURITY_PROTOCOL", "SSL")
-    monkeypatch.setenv("ESK_KAFKA__SSL_CAFILE", str(certificates.ca))
-    monkeypatch.setenv("ESK_KAFKA__SSL_CERTFILE", str(certificates.client_certificate))
-    monkeypatch.setenv("ESK_KAFKA__SSL_KEYFILE", str(certificates.client_key))
-    monkeypatch.setenv("ESK_KAFKA__SSL_PASSWORD", "not the password")
-    monkeypatch.setenv("COLUMNS", "250")
+    environment = {
+        "ESK_KAFKA__BOOTSTRAP_SERVERS": "127.0.0.1:9",
+        "ESK_KAFKA__SECURITY_PROTOCOL": "SSL",
+        "ESK_KAFKA__SSL_CAFILE": str(certificates.ca),
+        "ESK_KAFKA__SSL_CERTFILE": str(certificates.client_certificate),
+        "ESK_KAFKA__SSL_KEYFILE": str(certificates.client_key),
+        "ESK_KAFKA__SSL_PASSWORD": "not the password",
+    }
     check = "check ESK_KAFKA__SSL_CAFILE, ESK_KAFKA__SSL_CERTFILE, ESK_KAFKA__SSL_KEYFILE and ESK_KAFKA__SSL_PASSWORD (an encrypted key's password)"
-    wrong_password = CliRunner().invoke(cli, ["topics", "init"])
-    assert wrong_password.exit_code == 1
-    assert wrong_password.output.strip() == (
+    assert topics_init_error(monkeypatch, environment) == (
         "error: esk's TLS files could not be read (the client certificate and key do not load: a wrong password, "
         f"or a key not the certificate's): {check}"
     )
-    monkeypatch.setenv("ESK_KAFKA__SSL_PASSWORD", CLIENT_KEY_PASSWORD)
-    monkeypatch.setenv("ESK_KAFKA__SSL_CAFILE", str(tmp_path / "missing.crt"))
-    missing = CliRunner().invoke(cli, ["topics", "init"])
-    assert missing.exit_code == 1
-    assert missing.output.strip() == f"error: esk's TLS files could not be read (No such file or directory): {check}"
+    missing = environment | {"ESK_KAFKA__SSL_PASSWORD": CLIENT_KEY_PASSWORD, "ESK_KAFKA__SSL_CAFILE": str(tmp_path / "missing.crt")}
+    assert topics_init_error(monkeypatch, missing) == f"error: esk's TLS files could not be read (No such file or directory): {check}"
