@@ -1016,9 +1016,10 @@ def _operate(name: str, operation: Callable[[Any], Coroutine[Any, Any, T]]) -> T
 def _subscription_unavailable() -> tuple[type[Exception], ...]:
     """What keeps a command-line tool from a subscription's stores, told in a line."""
     from .kafka.metadata import TopicMissing
+    from .subscriptions.parking import WrittenByNewerRelease
     from .subscriptions.stores import DatabaseMissing, DatabaseUnreachable
 
-    return DatabaseMissing, DatabaseUnreachable, TopicMissing
+    return DatabaseMissing, DatabaseUnreachable, TopicMissing, WrittenByNewerRelease
 
 
 def print_rows(columns: list[str], rows: list[list[Any]], output: str) -> None:

@@ -20,7 +20,7 @@ from esk import DatabaseContext, DatabaseHandler, PostgreSQL, Retries, SQLite, r
 from esk.protocol import EventRecord
 from esk.subscriptions.database import Database, DatabaseConfig
 from esk.subscriptions.database_sink import ESK_TABLES, DatabaseSink, DatabaseUnit, load_parked, prepare, read_offsets, rewind
-from esk.subscriptions.parking import ParkedEvent, ParkStatus
+from esk.subscriptions.parking import ParkedEvent, ParkStatus, WrittenByNewerRelease
 from esk.subscriptions.postgres import PostgresDatabase
 from esk.subscriptions.routing import Router
 from esk.subscriptions.sinks import Fenced, StartingPoint, Unit
@@ -389,6 +389,34 @@ async def test_an_event_parked_again_where_one_was_resolved_keeps_how(member: Me
     ]
     assert all(r.at is not None and r.at <= entry.parked_at for r in entry.earlier)
     await database.close()
+
+
+async def test_an_entry_of_a_status_a_later_release_wrote_is_told_as_such(member: Member) -> None:
+    """Read as any status this release knows, it could have an event handled twice or never."""
+    database = await member()
+    sink = DatabaseSink(database, ledger, TP)
+    await sink.open()
+    unit = await sink.begin()
+    await unit.park(_parked("a", 3, "no").resolved(ParkStatus.SKIPPED, "alice"))
+    await unit.commit(None)
+    earlier = '[{"status":"expired","by":"later","at":1,"reason":"no"}]'
+    async with database.transaction() as tx:
+        await tx.esk.execute("UPDATE esk_parked SET earlier = ?", (earlier,))
+    unit = await sink.begin()
+    with pytest.raises(WrittenByNewerRelease, match=r"status this release does not know \(Invalid enum value 'expired'"):
+        await unit.entry_at(3)
+    await unit.abort()
+    async with database.transaction() as tx:
+        await tx.esk.execute("UPDATE esk_parked SET status = ?, earlier = ?", ("expired", "[]"))
+    with pytest.raises(WrittenByNewerRelease, match=r"\('expired'\): a later esk wrote it; run that release on every member"):
+        await _all_parked(database)  # what `esk subscriptions parked --all` reads
+    await database.close()
+
+
+def test_a_kafka_kinds_entry_of_a_status_a_later_release_wrote_is_told_as_such() -> None:
+    written = _parked("a", 3, "no").encode().replace(b'"status":"parked"', b'"status":"expired"')
+    with pytest.raises(WrittenByNewerRelease, match=r"Invalid enum value 'expired' - at `\$.status`\): a later esk wrote it"):
+        ParkedEvent.decode(written)
 
 
 async def test_members_starting_together_both_start_and_an_earlier_releases_table_gets_its_new_column(

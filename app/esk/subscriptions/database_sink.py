@@ -15,7 +15,7 @@ from aiokafka import TopicPartition
 from ..protocol import now_ms
 from .api import DatabaseHandler
 from .database import Database, Row, Sql, Transaction
-from .parking import ParkedEvent, ParkStatus, Resolution
+from .parking import ParkedEvent, ParkStatus, Resolution, decoded, park_status
 from .routing import Delivery, call_handler
 from .sinks import Fenced, PartitionSink, StartingPoint, Unit
 
@@ -117,7 +117,7 @@ def _parked_event(row: Row) -> ParkedEvent:
     return ParkedEvent(
         subscription, topic, partition, offset, aggregate_id, event_type, reason, attempts,
         None if key is None else bytes(key), None if value is None else bytes(value), _HEADERS_DECODER.decode(headers),
-        parked_at, ParkStatus(status), resolved_by, resolved_at, _EARLIER_DECODER.decode(earlier),
+        parked_at, park_status(status), resolved_by, resolved_at, decoded(_EARLIER_DECODER, earlier),
     )
 
 

@@ -12,11 +12,14 @@ kinds on a compacted topic of their own (parked_topic.py).
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import TypeVar
 
 import msgspec
 from aiokafka.structs import ConsumerRecord
 
 from ..protocol import now_ms
+
+T = TypeVar("T")
 
 
 class ParkStatus(StrEnum):
@@ -104,7 +107,41 @@ class ParkedEvent(msgspec.Struct, frozen=True):
 
     @classmethod
     def decode(cls, value: bytes) -> ParkedEvent:
-        return _DECODER.decode(value)
+        return decoded(_DECODER, value)
+
+
+class WrittenByNewerRelease(ValueError):
+    """A parked entry of a status this release does not know: a later release wrote it,
+    and reading it as any status this one knows could handle an event twice or never."""
+
+
+_AN_UNKNOWN_STATUS = "Invalid enum value"
+
+
+def newer_status(told: str) -> WrittenByNewerRelease:
+    return WrittenByNewerRelease(
+        f"a parked entry has a status this release does not know ({told}): a later esk wrote it; "
+        "run that release on every member of the subscription"
+    )
+
+
+def decoded(decoder: msgspec.json.Decoder[T], value: bytes) -> T:
+    """`value` decoded; an entry of a status this release does not know is told as such
+    (the only enum of a parked entry is its status, and its earlier resolutions')."""
+    try:
+        return decoder.decode(value)
+    except msgspec.ValidationError as error:
+        if _AN_UNKNOWN_STATUS in str(error):
+            raise newer_status(str(error)) from None
+        raise
+
+
+def park_status(value: str) -> ParkStatus:
+    """A status as stored (a database handler's column)."""
+    try:
+        return ParkStatus(value)
+    except ValueError:
+        raise newer_status(repr(value)) from None
 
 
 _ENCODER = msgspec.json.Encoder()
