@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from .broker import BrokerError, EmbeddedBroker
-from .kafka.acls import AUTHORIZATION_REFUSED, kafka_acls_commands, refused_by_authorizer
+from .kafka.acls import AUTHORIZATION_REFUSED, kafka_acls_script, refused_by_authorizer
 from .kafka.client_options import KafkaAccessError, check_access
 from .kafka.topics import TopicNames, coordinators_ready, ensure_topics, missing_topics, topic_specs
 from .logs import configure_logging
@@ -272,8 +272,8 @@ def topics_acls(
     cluster whose authorizer refuses what no ACL allows); run them as a principal allowed to
     change ACLs, with its --command-config."""
     settings = load_settings()
-    for line in kafka_acls_commands(settings, principal):
-        console.print(line, highlight=False, soft_wrap=True)
+    for line in kafka_acls_script(settings, principal):
+        console.print(line, highlight=False, soft_wrap=True, markup=False)
 
 
 @cli.command("processor")

@@ -99,6 +99,12 @@ def kafka_acls_commands(settings: Settings, principal: str) -> list[str]:
     ]
 
 
+def kafka_acls_script(settings: Settings, principal: str) -> list[str]:
+    """`kafka_acls_commands`, each after a comment that says what it is for."""
+    commands = zip(application_acls(settings), kafka_acls_commands(settings, principal), strict=True)
+    return [line for acl, command in commands for line in (f"# {acl.why}", command)]
+
+
 def refused_by_authorizer(settings: Settings, error: BaseException) -> str | None:
     """One line for an error the cluster's authorizer gave (None for any other): who was
     refused, what the broker said, and where to find the ACLs esk needs."""
