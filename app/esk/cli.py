@@ -183,7 +183,15 @@ def told_when_refused(settings: Settings) -> Iterator[None]:
     try:
         yield
     except AUTHORIZATION_REFUSED as error:
-        raise fail(refused_by_authorizer(settings, error) or repr(error)) from None
+        raise fail(refused_by_authorizer(settings, error)) from None
+
+
+def tell_refused_topics(settings: Settings, names: list[str]) -> None:
+    """A topic of `names` the principal may not describe is an ACL missing: told in a line
+    (`told_when_refused`). Missing topics are not waited for, and a broker gone meanwhile is
+    the caller's clients' to wait out."""
+    with contextlib.suppress(KafkaError, OSError), told_when_refused(settings):
+        asyncio.run(missing_topics(settings, names))
 
 
 @contextlib.contextmanager
@@ -252,7 +260,7 @@ def init_topics(settings: Settings) -> None:
     except (KafkaError, TimeoutError) as error:  # no answer after a minute of asking
         raise fail(f"making or checking the topics failed: {error!r}") from None
     if (unanswered := asyncio.run(coordinators_ready(settings))) is not None:
-        why = refused_by_authorizer(settings, unanswered) or repr(unanswered)
+        why = refused_by_authorizer(settings, unanswered) if isinstance(unanswered, AUTHORIZATION_REFUSED) else repr(unanswered)
         err.print(f"[yellow]warning:[/yellow] the group and transaction coordinators did not answer: {escape(why)}", highlight=False, soft_wrap=True)
     for name in report.created:
         console.print(f"created  {name}")
@@ -320,11 +328,8 @@ def api(
 
     def wait() -> None:
         require_kafka_access(settings, wait=True)
-        # Topics missing are not waited for (the API starts before `esk topics init` has run),
-        # but one the principal may not describe is an ACL missing: told here, in a line. A
-        # broker gone again meanwhile is the API's to wait out, as it does once running.
-        with contextlib.suppress(KafkaError, OSError), told_when_refused(settings):
-            asyncio.run(missing_topics(settings, [spec.name for spec in topic_specs(settings, registry)]))
+        # the API starts before `esk topics init` has run: only what it may not see is told
+        tell_refused_topics(settings, [spec.name for spec in topic_specs(settings, registry)])
 
     try:
         with told_when_refused(settings):
@@ -520,11 +525,9 @@ def project_run(
     # A continuous run waits for a broker away, as every long-running process does (at its
     # start here, later as its query gives up); a one-shot run ends at once.
     require_kafka_access(settings, None if continuous else "a run that is not --continuous", wait=continuous)
-    # An events topic the principal may not describe (an ACL missing) is told in a line
-    # here, not in the Java trace of a query that fails on it after Spark's start.
+    # an ACL missing told here, not in the Java trace of a query that fails after Spark's start
     topics = TopicNames(settings.app)
-    with contextlib.suppress(KafkaError, OSError), told_when_refused(settings):
-        asyncio.run(missing_topics(settings, sorted({topics.events(c) for p in chosen for c in p.model.categories})))
+    tell_refused_topics(settings, sorted({topics.events(c) for p in chosen for c in p.model.categories}))
     try:
         code = run_and_report(settings, chosen, continuous, rebuild, console, stop_on_signals(), leave_out_invalid)
     except RunFailed as failed:
@@ -875,7 +878,7 @@ def subscriptions_status(
             behind.append(each)
             continue
         except AUTHORIZATION_REFUSED as error:
-            err.print(f"[red]error:[/red] {each}: {escape(refused_by_authorizer(settings, error) or repr(error))}", highlight=False, soft_wrap=True)
+            err.print(f"[red]error:[/red] {each}: {escape(refused_by_authorizer(settings, error))}", highlight=False, soft_wrap=True)
             behind.append(each)
             continue
         except (KafkaError, TimeoutError) as error:  # a cluster without its quorum, say: asked for a minute

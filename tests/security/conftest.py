@@ -20,7 +20,7 @@ import pytest
 from esk.broker import EmbeddedBroker
 from esk.broker.embedded import java_executable, kafka_classpath
 from esk.broker.ports import listening_ports
-from esk.kafka.acls import application_acls, kafka_acls_commands
+from esk.kafka.acls import application_acls
 from esk.settings import BrokerSaslSslSettings, BrokerSettings, Settings
 
 USER, PASSWORD = "esk-app", 's3cret=[with]"odd" characters'
@@ -111,12 +111,12 @@ def kafka_security(broker: EmbeddedBroker, certificates: Certificates, **overrid
 def grant(broker: EmbeddedBroker, certificates: Certificates, settings: Settings, only: Collection[str] | None = None) -> None:
     """Run, as the super user, the `kafka-acls` commands esk prints for `settings.app` and
     USER (those of the resource types `only`, if given)."""
-    acls, lines = application_acls(settings), kafka_acls_commands(settings, f"User:{USER}")
-    kafka_acls(certificates, [shlex.split(line) for acl, line in zip(acls, lines, strict=True) if only is None or acl.resource_type in only])
+    acls = [acl for acl in application_acls(settings) if only is None or acl.resource_type in only]
+    kafka_acls(certificates, [acl.kafka_acls_command(settings.bootstrap_servers, f"User:{USER}") for acl in acls])
 
 
-def kafka_acls(certificates: Certificates, commands: list[list[str]]) -> None:
-    """Run `kafka-acls.sh` command lines (split) with Kafka's own tool, as the super user."""
+def kafka_acls(certificates: Certificates, lines: list[str]) -> None:
+    """Run `kafka-acls.sh` command lines with Kafka's own tool, as the super user."""
     admin_config = Path(str(certificates.ca) + ".admin.properties")
     admin_config.write_text(
         "security.protocol=SASL_SSL\nsasl.mechanism=SCRAM-SHA-512\nssl.truststore.type=PEM\n"
@@ -131,10 +131,10 @@ def kafka_acls(certificates: Certificates, commands: list[list[str]]) -> None:
             [java, "-cp", classpath, "org.apache.kafka.tools.AclCommand", *arguments, "--command-config", str(admin_config)],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
-        for tool, *arguments in commands
+        for tool, *arguments in map(shlex.split, lines)
         if tool == "kafka-acls.sh"
     ]  # fmt: skip
-    assert len(running) == len(commands)
+    assert len(running) == len(lines)
     for process in running:
         output, _ = process.communicate(timeout=60)
         assert process.returncode == 0, output

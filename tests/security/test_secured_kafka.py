@@ -168,7 +168,7 @@ def test_a_missing_acl_stops_each_process_with_one_line(secured_broker: Embedded
     # A user that may read the topics and write none: the API's producer may not start.
     reader = settings.model_copy(update={"kafka": settings.kafka.model_copy(update={"sasl_plain_username": READER, "sasl_plain_password": READER_PASSWORD})})
     read_only = PrefixedAcl("topic", f"{settings.app}.", ("Describe", "Read"), "")
-    kafka_acls(certificates, [["kafka-acls.sh", "--bootstrap-server", settings.bootstrap_servers, *read_only.kafka_acls_arguments(f"User:{READER}")]])
+    kafka_acls(certificates, [read_only.kafka_acls_command(settings.bootstrap_servers, f"User:{READER}")])
     api = subprocess.run(
         [sys.executable, "-m", "esk", "api"], env=esk_environment(reader, tmp_path), capture_output=True, text=True, timeout=START_FAILS_WITHIN_S
     )

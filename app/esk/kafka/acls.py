@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeAlias
 
 from aiokafka.errors import (
     ClusterAuthorizationFailedError,
@@ -27,12 +27,15 @@ from .topics import processor_group
 
 ResourceType = Literal["topic", "group", "transactional-id"]
 
+AuthorizationRefused: TypeAlias = (
+    TopicAuthorizationFailedError | GroupAuthorizationFailedError | ClusterAuthorizationFailedError | TransactionalIdAuthorizationFailed
+)
 AUTHORIZATION_REFUSED = (
     TopicAuthorizationFailedError,
     GroupAuthorizationFailedError,
     ClusterAuthorizationFailedError,
     TransactionalIdAuthorizationFailed,
-)
+)  # for `except`, which takes no union
 
 
 @dataclass(frozen=True)
@@ -44,18 +47,24 @@ class PrefixedAcl:
     operations: tuple[str, ...]  # as kafka-acls names them
     why: str
 
-    def kafka_acls_arguments(self, principal: str) -> list[str]:
+    def kafka_acls_command(self, bootstrap_servers: str, principal: str) -> str:
+        """The `kafka-acls` command line that grants it to `principal`."""
         operations = [argument for operation in self.operations for argument in ("--operation", operation)]
-        return [
-            "--add",
-            "--allow-principal",
-            principal,
-            *operations,
-            f"--{self.resource_type}",
-            self.prefix,
-            "--resource-pattern-type",
-            "prefixed",
-        ]
+        return shlex.join(
+            [
+                "kafka-acls.sh",
+                "--bootstrap-server",
+                bootstrap_servers,
+                "--add",
+                "--allow-principal",
+                principal,
+                *operations,
+                f"--{self.resource_type}",
+                self.prefix,
+                "--resource-pattern-type",
+                "prefixed",
+            ]
+        )
 
 
 def application_acls(settings: Settings) -> list[PrefixedAcl]:
@@ -90,26 +99,20 @@ def application_acls(settings: Settings) -> list[PrefixedAcl]:
     ]
 
 
-def kafka_acls_commands(settings: Settings, principal: str) -> list[str]:
-    """`kafka-acls` command lines that grant `principal` what `settings.app` needs, to be run
-    by a principal allowed to change ACLs (with its own `--command-config`)."""
+def kafka_acls_script(settings: Settings, principal: str) -> list[str]:
+    """`kafka-acls` command lines that grant `principal` what `settings.app` needs, each
+    after a comment that says what it is for, to be run by a principal allowed to change
+    ACLs (with its own `--command-config`)."""
     return [
-        shlex.join(["kafka-acls.sh", "--bootstrap-server", settings.bootstrap_servers, *acl.kafka_acls_arguments(principal)])
+        line
         for acl in application_acls(settings)
+        for line in (f"# {acl.why}", acl.kafka_acls_command(settings.bootstrap_servers, principal))
     ]
 
 
-def kafka_acls_script(settings: Settings, principal: str) -> list[str]:
-    """`kafka_acls_commands`, each after a comment that says what it is for."""
-    commands = zip(application_acls(settings), kafka_acls_commands(settings, principal), strict=True)
-    return [line for acl, command in commands for line in (f"# {acl.why}", command)]
-
-
-def refused_by_authorizer(settings: Settings, error: BaseException) -> str | None:
-    """One line for an error the cluster's authorizer gave (None for any other): who was
-    refused, what the broker said, and where to find the ACLs esk needs."""
-    if not isinstance(error, AUTHORIZATION_REFUSED):
-        return None
+def refused_by_authorizer(settings: Settings, error: AuthorizationRefused) -> str:
+    """One line for an error the cluster's authorizer gave: who was refused, what the
+    broker said, and where to find the ACLs esk needs."""
     user = settings.kafka.sasl_plain_username
     who, principal = (f"user {user!r}", f"User:{user}") if user else ("esk's clients", "User:<name>")
     told = error.args[0] if error.args and isinstance(error.args[0], str) else ""

@@ -118,7 +118,7 @@ class WrittenByNewerRelease(ValueError):
 _AN_UNKNOWN_STATUS = "Invalid enum value"
 
 
-def newer_status(told: str) -> WrittenByNewerRelease:
+def _newer_status(told: str) -> WrittenByNewerRelease:
     return WrittenByNewerRelease(
         f"a parked entry has a status this release does not know ({told}): a later esk wrote it; "
         "run that release on every member of the subscription"
@@ -132,7 +132,7 @@ def decoded(decoder: msgspec.json.Decoder[T], value: bytes) -> T:
         return decoder.decode(value)
     except msgspec.ValidationError as error:
         if _AN_UNKNOWN_STATUS in str(error):
-            raise newer_status(str(error)) from None
+            raise _newer_status(str(error)) from None
         raise
 
 
@@ -141,7 +141,7 @@ def park_status(value: str) -> ParkStatus:
     try:
         return ParkStatus(value)
     except ValueError:
-        raise newer_status(repr(value)) from None
+        raise _newer_status(repr(value)) from None
 
 
 _ENCODER = msgspec.json.Encoder()
