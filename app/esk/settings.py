@@ -220,6 +220,11 @@ class SubscriberSettings(BaseModel):
     # handled in one transaction. Bigger is cheaper per record (a reactor's Kafka
     # transaction costs several round trips: docs/benchmarks.md, W6).
     batch_max_records: int = 5000
+    # How long the broker may hold a fetch that finds nothing. A partition is paused while
+    # its chunk is handled, and a client has one fetch in flight per broker: a partition
+    # resumed behind a fetch held for Kafka's 500 ms waits that long for its next chunk
+    # (docs/benchmarks.md, W6). An idle member asks this often.
+    fetch_max_wait_ms: int = Field(default=20, ge=0)
     session_timeout_ms: int = 10_000
     max_poll_interval_ms: int = 300_000
     # Prometheus metrics, /healthz and /readyz of `esk subscriber` (None, in code alone: no

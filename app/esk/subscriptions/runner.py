@@ -222,7 +222,9 @@ class SubscriptionRunner:
 
     def _make_consumer(self) -> AIOKafkaConsumer:
         s = self.settings.subscriber
-        return group_member(self.settings, self.group_id, s.session_timeout_ms, s.max_poll_interval_ms)
+        return group_member(
+            self.settings, self.group_id, s.session_timeout_ms, s.max_poll_interval_ms, fetch_max_wait_ms=s.fetch_max_wait_ms
+        )
 
     async def run(self, stop: asyncio.Event) -> None:
         self._consumer = consumer = self._make_consumer()
