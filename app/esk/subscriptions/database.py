@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from types import TracebackType
 from typing import Any, Protocol, TypeVar
 
 T = TypeVar("T")
@@ -39,6 +40,13 @@ class Sql(Protocol):
     async def fetchone(self, sql: str, params: Params = ()) -> Row | None: ...
 
     async def fetchall(self, sql: str, params: Params = ()) -> list[Row]: ...
+
+
+# Every savepoint esk takes has this one name: SQLite and PostgreSQL roll back to and release
+# the newest of a name, so nested ones still hold. A statement of a new text each event
+# would be compiled each time, and in SQLite push the handlers' own statements out of the
+# connection's statement cache.
+SAVEPOINT = "esk_event"
 
 
 class Transaction(ABC):
@@ -159,21 +167,10 @@ class _SQLiteTransaction(Transaction):
         self._database = database
         self._connection = connection
         self.sql = self.esk = _SQLiteSql(connection)
-        self._savepoints = 0
         self._open = True
 
-    @asynccontextmanager
-    async def savepoint(self) -> AsyncIterator[None]:
-        self._savepoints += 1
-        name = f"esk_{self._savepoints}"
-        self._connection.execute(f"SAVEPOINT {name}")
-        try:
-            yield
-        except BaseException:
-            self._connection.execute(f"ROLLBACK TO {name}")
-            self._connection.execute(f"RELEASE {name}")
-            raise
-        self._connection.execute(f"RELEASE {name}")
+    def savepoint(self) -> _SQLiteSavepoint:
+        return _SQLiteSavepoint(self._connection)
 
     async def lock_schema(self) -> None:
         """Held already: BEGIN IMMEDIATE took the file's write lock."""
@@ -195,6 +192,22 @@ class _SQLiteTransaction(Transaction):
         if self._open:
             self._open = False
             self._database.lock.release()
+
+
+class _SQLiteSavepoint:
+    # A class, not a generator: one is taken for every event a handler writes.
+    __slots__ = ("_connection",)
+
+    def __init__(self, connection: sqlite3.Connection) -> None:
+        self._connection = connection
+
+    async def __aenter__(self) -> None:
+        self._connection.execute(f"SAVEPOINT {SAVEPOINT}")
+
+    async def __aexit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None) -> None:
+        if kind is not None:
+            self._connection.execute(f"ROLLBACK TO {SAVEPOINT}")
+        self._connection.execute(f"RELEASE {SAVEPOINT}")
 
 
 class SQLiteDatabase(Database):

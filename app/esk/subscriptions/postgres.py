@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .database import Database, Params, Row, Transaction
+from .database import SAVEPOINT, Database, Params, Row, Transaction
 
 if TYPE_CHECKING:
     import psycopg
@@ -115,23 +115,20 @@ class _PostgresTransaction(Transaction):
         self._connection = connection
         self.sql = _PostgresSql(connection)
         self.esk = _EskSql(connection)
-        self._savepoints = 0
         self._open = True
 
     @asynccontextmanager
     async def savepoint(self) -> AsyncIterator[None]:
-        self._savepoints += 1
-        name = f"esk_{self._savepoints}"
-        await self._connection.execute(f"SAVEPOINT {name}")
+        await self._connection.execute(f"SAVEPOINT {SAVEPOINT}")
         try:
             yield
             # Inside: a handler that caught a database error as its last statement leaves the
             # transaction aborted, and only this tells; its event is undone alone all the same.
-            await self._connection.execute(f"RELEASE SAVEPOINT {name}")
+            await self._connection.execute(f"RELEASE SAVEPOINT {SAVEPOINT}")
         except BaseException as failure:
             try:
-                await self._connection.execute(f"ROLLBACK TO SAVEPOINT {name}")
-                await self._connection.execute(f"RELEASE SAVEPOINT {name}")
+                await self._connection.execute(f"ROLLBACK TO SAVEPOINT {SAVEPOINT}")
+                await self._connection.execute(f"RELEASE SAVEPOINT {SAVEPOINT}")
             except Exception:
                 if isinstance(failure, Exception):
                     raise  # the connection's error (it is gone, say) tells more than the handler's
