@@ -18,6 +18,7 @@ from aiokafka import TopicPartition
 from domain.orders import Placed, orders
 from esk import DatabaseContext, DatabaseHandler, PostgreSQL, Retries, SQLite, run_subscription
 from esk.protocol import EventRecord
+from esk.subscriptions import database_sink
 from esk.subscriptions.database import Database, DatabaseConfig
 from esk.subscriptions.database_sink import ESK_TABLES, DatabaseSink, DatabaseUnit, load_parked, prepare, read_offsets, rewind
 from esk.subscriptions.parking import ParkedEvent, ParkStatus, WrittenByNewerRelease
@@ -239,6 +240,76 @@ async def test_a_failing_event_is_undone_alone_and_its_aggregate_parked_in_order
     run = await run_subscription(counter, [("bad", placed), ("good", placed), ("bad", placed)], database=store, retries=Retries(attempts=1))
     assert await run.query("SELECT order_id, version FROM counted ORDER BY order_id") == [("good", 1)]
     assert [(p.aggregate_id, p.offset, p.status.value) for p in run.parked] == [("bad", 0, "parked"), ("bad", 2, "parked")]
+    await run.close()
+
+
+def _counted_once(name: str, store: DatabaseConfig, fails: Callable[[str], bool]) -> DatabaseHandler:
+    """Writes a row an order (a second would break the key), then raises where `fails` says."""
+    handler = DatabaseHandler(name, reads=[orders], schema=["CREATE TABLE IF NOT EXISTS counted (order_id TEXT PRIMARY KEY)"])
+    insert = "INSERT INTO counted VALUES (%s)" if isinstance(store, PostgreSQL) else "INSERT INTO counted VALUES (?)"
+
+    @handler.on(Placed)
+    async def count(event: Placed, ctx: DatabaseContext) -> None:
+        await ctx.db.execute(insert, (ctx.aggregate_id,))
+        if fails(ctx.aggregate_id):
+            raise RuntimeError(f"{ctx.aggregate_id} fails")
+
+    return handler
+
+
+@pytest.mark.parametrize("window", [database_sink.UNDO_WINDOW, 2])
+async def test_the_events_before_a_failing_one_in_its_unit_are_written_once(
+    store: DatabaseConfig, window: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A unit's events run without a savepoint each until one fails: then what the unit
+    wrote before it (events handled, one parked behind another) since its latest mark is
+    undone and written again, each alone, and the failing one's own write is gone."""
+    monkeypatch.setattr(database_sink, "UNDO_WINDOW", window)
+    handler = _counted_once("once", store, lambda order_id: order_id in ("bad", "worse"))
+    events = [("g1", PLACED), ("bad", PLACED), ("g2", PLACED), ("bad", PLACED), ("g3", PLACED), ("worse", PLACED), ("g4", PLACED)]
+    run = await run_subscription(handler, events, database=store, retries=Retries(attempts=1))
+    assert await run.query("SELECT order_id FROM counted ORDER BY order_id") == [("g1",), ("g2",), ("g3",), ("g4",)]
+    assert [(p.aggregate_id, p.offset, p.reason) for p in run.parked] == [
+        ("bad", 1, "RuntimeError: bad fails"),
+        ("bad", 3, "waits behind an earlier parked event of 'bad'"),
+        ("worse", 5, "RuntimeError: worse fails"),
+    ]
+    await run.close()
+
+
+async def test_a_unit_whose_events_fail_when_written_again_commits_nothing_and_starts_over(store: DatabaseConfig) -> None:
+    """An event that succeeded, undone with its unit when a later one failed, fails when it is
+    written again: the unit commits nothing; the partition starts again, the failed event is
+    tried alone, and everything is written once."""
+    calls: dict[str, int] = {}
+
+    def fails(order_id: str) -> bool:
+        calls[order_id] = calls.get(order_id, 0) + 1
+        return order_id == "bad" or (order_id == "flaky" and calls[order_id] == 2)
+
+    handler = _counted_once("flaky_once", store, fails)
+    run = await run_subscription(handler, [("flaky", PLACED), ("bad", PLACED), ("good", PLACED)], database=store, retries=Retries(attempts=1))
+    assert calls["flaky"] == 3  # applied, failed when written again, applied as the partition started again
+    assert await run.query("SELECT order_id FROM counted ORDER BY order_id") == [("flaky",), ("good",)]
+    assert [(p.aggregate_id, p.reason) for p in run.parked] == [("bad", "RuntimeError: bad fails")]
+    await run.close()
+
+
+async def test_a_sqlite_handler_that_ends_its_transaction_is_parked_and_the_others_written_once(tmp_path: Path) -> None:
+    """A statement that ends the transaction (SQLite rolls it all back on some errors; here
+    the handler's own ROLLBACK) is told at that event, not at the next one or the commit."""
+    store = SQLite(tmp_path / "ledger.sqlite")
+    handler = DatabaseHandler("ending", reads=[orders], schema=["CREATE TABLE IF NOT EXISTS counted (order_id TEXT PRIMARY KEY)"])
+
+    @handler.on(Placed)
+    async def count(event: Placed, ctx: DatabaseContext) -> None:
+        await ctx.db.execute("INSERT INTO counted VALUES (?)", (ctx.aggregate_id,))
+        if ctx.aggregate_id == "ends":
+            await ctx.db.execute("ROLLBACK")
+
+    run = await run_subscription(handler, [("before", PLACED), ("ends", PLACED), ("after", PLACED)], database=store, retries=Retries(attempts=1))
+    assert await run.query("SELECT order_id FROM counted ORDER BY order_id") == [("after",), ("before",)]
+    assert [(p.aggregate_id, p.reason) for p in run.parked] == [("ends", "OperationalError: the transaction was ended by a statement of the handler")]
     await run.close()
 
 

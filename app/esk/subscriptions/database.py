@@ -61,6 +61,12 @@ class Transaction(ABC):
         """An async context manager: what runs inside it is undone alone if it raises."""
 
     @abstractmethod
+    def check_usable(self) -> None:
+        """Raises when the transaction takes no more statements: one failed in it, which
+        PostgreSQL aborts it for (a handler that caught the error does not know), or a
+        statement ended it. Asks the client, not the server."""
+
+    @abstractmethod
     async def lock_schema(self) -> None:
         """Until this transaction ends, no other that asked the same changes the schema: two
         members starting together both run `CREATE TABLE IF NOT EXISTS`, which PostgreSQL
@@ -171,6 +177,10 @@ class _SQLiteTransaction(Transaction):
 
     def savepoint(self) -> _SQLiteSavepoint:
         return _SQLiteSavepoint(self._connection)
+
+    def check_usable(self) -> None:
+        if not self._connection.in_transaction:
+            raise sqlite3.OperationalError("the transaction was ended by a statement of the handler")
 
     async def lock_schema(self) -> None:
         """Held already: BEGIN IMMEDIATE took the file's write lock."""

@@ -4,7 +4,7 @@ events (`esk_parked`) in one transaction of its own database.
 The offset row is a compare-and-set: a unit commits only if the row still holds the offset
 this member last read or wrote. A stale member (it lost the partition, or a reset rewound
 it) finds the row changed, rolls everything back and starts the partition again from what
-the row says. Each event runs in a savepoint, so a failing one is undone alone.
+the row says. A failing event is undone alone (DatabaseUnit).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import msgspec
 from aiokafka import TopicPartition
 
+from ..domain.aggregate import one_line
 from ..protocol import now_ms
 from .api import DatabaseHandler
 from .database import Database, Row, Sql, Transaction
@@ -206,17 +207,84 @@ class DatabaseSink(PartitionSink):
         return changed == 1
 
 
+class UnitLost(Exception):
+    """A unit that undid its latest events could not write them again (its transaction is
+    gone, or a handler failed the second time): it commits nothing."""
+
+
+# Where an event that fails with no savepoint of its own undoes its unit back to: the unit's
+# first write, then again every UNDO_WINDOW writes (DatabaseUnit._mark).
+UNIT_SAVEPOINT = "esk_unit"
+# Each write since the mark is kept, to be written again after an undo, and a unit's
+# thousands kept alive cost the garbage collector more than savepoints save with SQLite.
+UNDO_WINDOW = 256
+_Written = tuple[Delivery, bool] | ParkedEvent  # an event applied (and whether as a replay), or a parked one
+
+
 class DatabaseUnit(Unit):
+    """A unit's events run without a savepoint each until one fails: a savepoint costs two
+    statements an event, round trips to PostgreSQL (docs/benchmarks.md, W6). The first to
+    fail undoes the unit back to its latest mark and applies what it wrote since again,
+    each event in a savepoint, as every later one in the unit then runs: the failing event
+    is undone alone, as if each had had one. A handler's effects are its transaction's
+    writes, so one applied again over the same rows writes the same."""
+
     def __init__(self, sink: DatabaseSink, transaction: Transaction) -> None:
         self.sink = sink
         self.transaction = transaction
         self._over = False
+        self._written: list[_Written] | None = []  # None: each event in a savepoint of its own from here
+        self._lost: Exception | None = None  # what kept `_undo` from writing again what it undid
+        self._marked = False
 
     async def apply(self, delivery: Delivery, replaying: bool) -> None:
+        if self._written is None:
+            await self._apply_alone(delivery, replaying)
+            return
+        await self._mark()
+        try:
+            await self._handle(delivery, replaying)
+            self.transaction.check_usable()
+        except Exception:
+            await self._undo()
+            raise
+        self._written.append((delivery, replaying))
+
+    async def _handle(self, delivery: Delivery, replaying: bool) -> None:
+        await call_handler(delivery, self.sink.subscription.name, replaying, db=self.transaction.sql)
+
+    async def _apply_alone(self, delivery: Delivery, replaying: bool) -> None:
         async with self.transaction.savepoint():
-            await call_handler(delivery, self.sink.subscription.name, replaying, db=self.transaction.sql)
+            await self._handle(delivery, replaying)
+
+    async def _mark(self) -> None:
+        """Before a write: where an undo goes back to, taken at the unit's first write and
+        again once UNDO_WINDOW writes are kept (those before it stay written)."""
+        assert self._written is not None
+        if self._marked and len(self._written) < UNDO_WINDOW:
+            return
+        if self._marked:
+            await self.transaction.esk.execute(f"RELEASE SAVEPOINT {UNIT_SAVEPOINT}")
+        await self.transaction.esk.execute(f"SAVEPOINT {UNIT_SAVEPOINT}")
+        self._marked = True
+        self._written.clear()
+
+    async def _undo(self) -> None:
+        written, self._written = self._written or [], None
+        try:
+            await self.transaction.esk.execute(f"ROLLBACK TO SAVEPOINT {UNIT_SAVEPOINT}")
+            for item in written:
+                if isinstance(item, ParkedEvent):
+                    await save_parked(self.transaction.esk, item)
+                else:
+                    await self._apply_alone(*item)
+        except Exception as error:  # the transaction is gone, or a handler failed this time: the unit cannot commit
+            self._lost = error
 
     async def park(self, event: ParkedEvent) -> None:
+        if self._written is not None:
+            await self._mark()
+            self._written.append(event)
         await save_parked(self.transaction.esk, event)
 
     async def parked_of(self, aggregate_id: str) -> list[ParkedEvent]:
@@ -256,6 +324,9 @@ class DatabaseUnit(Unit):
 
     async def commit(self, next_offset: int | None) -> None:
         self._over = True
+        if self._lost is not None:
+            await self.transaction.rollback()
+            raise UnitLost(f"{self.sink.subscription.name}: the events before a failed one were not written again: {one_line(self._lost)}") from self._lost
         try:
             moved = next_offset is None or await self.sink.move_offset(self.transaction.esk, next_offset)
         except BaseException:

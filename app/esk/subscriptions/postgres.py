@@ -135,6 +135,17 @@ class _PostgresTransaction(Transaction):
                 # a cancellation (a stop, a revoke) stays one, or its task would not end
             raise
 
+    def check_usable(self) -> None:
+        import psycopg
+
+        status = self._connection.info.transaction_status
+        if status == _IN_ERROR:
+            raise psycopg.errors.InFailedSqlTransaction(
+                "current transaction is aborted: a statement failed in it, and the handler went on"
+            )
+        if status != _IN_TRANSACTION:
+            raise psycopg.OperationalError(f"the handler left its transaction {status.name}")
+
     async def lock_schema(self) -> None:
         await self._connection.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
 
@@ -156,7 +167,8 @@ class _PostgresTransaction(Transaction):
             self._database.lock.release()
 
 
-_IDLE = 0  # psycopg.pq.TransactionStatus.IDLE, without importing psycopg where it is not installed
+# psycopg.pq.TransactionStatus's IDLE, INTRANS and INERROR, without importing psycopg where it is not installed
+_IDLE, _IN_TRANSACTION, _IN_ERROR = 0, 2, 3
 # libpq's parameters: a silent peer is given up in about half a minute, idle or not.
 _KEEPALIVES = {"keepalives": "1", "keepalives_idle": "10", "keepalives_interval": "5", "keepalives_count": "3", "tcp_user_timeout": "30000"}
 
