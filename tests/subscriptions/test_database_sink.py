@@ -265,10 +265,20 @@ async def test_the_events_before_a_failing_one_in_its_unit_are_written_once(
     wrote before it (events handled, one parked behind another) since its latest mark is
     undone and written again, each alone, and the failing one's own write is gone."""
     monkeypatch.setattr(database_sink, "UNDO_WINDOW", window)
-    handler = _counted_once("once", store, lambda order_id: order_id in ("bad", "worse"))
+    calls: dict[str, int] = {}
+
+    def fails(order_id: str) -> bool:
+        calls[order_id] = calls.get(order_id, 0) + 1
+        return order_id in ("bad", "worse")
+
+    handler = _counted_once("once", store, fails)
     events = [("g1", PLACED), ("bad", PLACED), ("g2", PLACED), ("bad", PLACED), ("g3", PLACED), ("worse", PLACED), ("g4", PLACED)]
     run = await run_subscription(handler, events, database=store, retries=Retries(attempts=1))
     assert await run.query("SELECT order_id FROM counted ORDER BY order_id") == [("g1",), ("g2",), ("g3",), ("g4",)]
+    # written again: what came since the unit's latest mark (with a window of 2, g2 was
+    # before it); nothing else, and no event twice more (a unit that could not write them
+    # again would start the partition over, handling each once more)
+    assert calls == {"g1": 2, "bad": 1, "g2": 2 if window > 2 else 1, "g3": 2, "worse": 1, "g4": 1}
     assert [(p.aggregate_id, p.offset, p.reason) for p in run.parked] == [
         ("bad", 1, "RuntimeError: bad fails"),
         ("bad", 3, "waits behind an earlier parked event of 'bad'"),
@@ -363,6 +373,29 @@ async def test_a_handler_slower_than_postgresql_s_idle_timeout_is_tried_alone_an
                                  database=PostgreSQL(postgres_dsn, idle_in_transaction_timeout_s=0.5),
                                  retries=Retries(attempts=2, first_delay_s=0.01))  # fmt: skip
     assert await run.query("SELECT order_id FROM counted ORDER BY order_id") == [("after",), ("good",)]
+    [parked] = run.parked
+    assert (parked.aggregate_id, parked.attempts) == ("slow", 2), parked
+    await run.close()
+
+
+@pytest.mark.parametrize("events", [["good", "slow", "after"], ["good", "slow"]], ids=["before another", "last"])
+async def test_a_handler_slower_than_postgresql_s_idle_timeout_after_its_last_statement_is_parked(
+    postgres_dsn: str, events: list[str]
+) -> None:
+    """The session ended while the handler waited after its last statement: the client still
+    sees the transaction open, so that is asked of the server at that event, not left to
+    the next event's statement or the unit's commit (the partition started again for ever,
+    a review's find)."""
+
+    async def slow(order_id: str, ctx: DatabaseContext) -> None:
+        if order_id == "slow":
+            await asyncio.sleep(1.5)
+
+    handler = _counting("slow_tail", slow)
+    run = await run_subscription(handler, [(order_id, PLACED) for order_id in events],
+                                 database=PostgreSQL(postgres_dsn, idle_in_transaction_timeout_s=0.5),
+                                 retries=Retries(attempts=2, first_delay_s=0.01))  # fmt: skip
+    assert await run.query("SELECT order_id FROM counted ORDER BY order_id") == sorted((e,) for e in events if e != "slow")
     [parked] = run.parked
     assert (parked.aggregate_id, parked.attempts) == ("slow", 2), parked
     await run.close()

@@ -61,10 +61,11 @@ class Transaction(ABC):
         """An async context manager: what runs inside it is undone alone if it raises."""
 
     @abstractmethod
-    def check_usable(self) -> None:
+    async def check_usable(self, idle_s: float) -> None:
         """Raises when the transaction takes no more statements: one failed in it, which
         PostgreSQL aborts it for (a handler that caught the error does not know), or a
-        statement ended it. Asks the client, not the server."""
+        statement ended it, or the server ended a session idle for as long as `idle_s` (a
+        handler's time) may have let it be. Asks the server only for the last."""
 
     @abstractmethod
     async def lock_schema(self) -> None:
@@ -178,7 +179,7 @@ class _SQLiteTransaction(Transaction):
     def savepoint(self) -> _SQLiteSavepoint:
         return _SQLiteSavepoint(self._connection)
 
-    def check_usable(self) -> None:
+    async def check_usable(self, idle_s: float) -> None:
         if not self._connection.in_transaction:
             raise sqlite3.OperationalError("the transaction was ended by a statement of the handler")
 

@@ -9,6 +9,8 @@ the row says. A failing event is undone alone (DatabaseUnit).
 
 from __future__ import annotations
 
+import time
+
 import msgspec
 from aiokafka import TopicPartition
 
@@ -18,7 +20,7 @@ from .api import DatabaseHandler
 from .database import Database, Row, Sql, Transaction
 from .parking import ParkedEvent, ParkStatus, Resolution, decoded, park_status
 from .routing import Delivery, call_handler
-from .sinks import Fenced, PartitionSink, StartingPoint, Unit
+from .sinks import Fenced, PartitionSink, StartingPoint, Unit, UnitLost
 
 # Portable SQL (SQLite and PostgreSQL alike), with `?` placeholders.
 ESK_TABLES = (
@@ -207,11 +209,6 @@ class DatabaseSink(PartitionSink):
         return changed == 1
 
 
-class UnitLost(Exception):
-    """A unit that undid its latest events could not write them again (its transaction is
-    gone, or a handler failed the second time): it commits nothing."""
-
-
 # Where an event that fails with no savepoint of its own undoes its unit back to: the unit's
 # first write, then again every UNDO_WINDOW writes (DatabaseUnit._mark).
 UNIT_SAVEPOINT = "esk_unit"
@@ -243,8 +240,9 @@ class DatabaseUnit(Unit):
             return
         await self._mark()
         try:
+            started = time.monotonic()
             await self._handle(delivery, replaying)
-            self.transaction.check_usable()
+            await self.transaction.check_usable(time.monotonic() - started)
         except Exception:
             await self._undo()
             raise

@@ -35,7 +35,7 @@ from .database_sink import load_parked, read_offsets, rewind
 from .parked_topic import parked_key, replay_key
 from .parking import ParkedEvent, ParkStatus
 from .routing import Router
-from .sinks import Fenced
+from .sinks import Fenced, UnitLost
 from .stores import DatabaseMissing, Stores, group_id
 from .worker import resolve_parked
 
@@ -178,7 +178,11 @@ class SubscriptionOperations:
                 except BaseException:
                     await unit.abort()
                     raise
-                await unit.commit(None)
+                try:
+                    await unit.commit(None)
+                except UnitLost:  # an event handled again failed the second time: all stay as they were
+                    report.still_parked.extend(parked)
+                    continue
                 report.handled.extend(resolved)
                 report.still_parked.extend(still_parked)
         finally:

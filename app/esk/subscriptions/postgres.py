@@ -135,7 +135,7 @@ class _PostgresTransaction(Transaction):
                 # a cancellation (a stop, a revoke) stays one, or its task would not end
             raise
 
-    def check_usable(self) -> None:
+    async def check_usable(self, idle_s: float) -> None:
         import psycopg
 
         status = self._connection.info.transaction_status
@@ -145,6 +145,10 @@ class _PostgresTransaction(Transaction):
             )
         if status != _IN_TRANSACTION:
             raise psycopg.OperationalError(f"the handler left its transaction {status.name}")
+        # The client learns that the server ended an idle session only from a round trip: a
+        # handler that waited after its last statement would leave it to the next event's.
+        if idle_s * 1000 >= self._database.idle_in_transaction_timeout_ms / 2:
+            await self._connection.execute("SELECT 1")
 
     async def lock_schema(self) -> None:
         await self._connection.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))

@@ -21,6 +21,11 @@ class Fenced(Exception):
     now, or a reset rewound it. Nothing of the unit was committed."""
 
 
+class UnitLost(Exception):
+    """A unit that undid its latest events after one failed could not write them again (its
+    transaction is gone, or a handler failed the second time): it commits nothing."""
+
+
 @dataclass(frozen=True)
 class StartingPoint:
     next_offset: int | None  # None: nothing committed yet, start from the beginning
