@@ -155,6 +155,37 @@ async def test_a_failing_aggregate_is_parked_in_order_and_retried_in_order(
             assert await operations.parked() == []
 
 
+async def test_a_retry_whose_unit_cannot_write_again_what_it_undid_leaves_the_events_parked(settings: Settings, tmp_path: Path) -> None:
+    """A database handler's unit undoes its latest writes when an event fails and writes them
+    again; a handler that succeeded, then fails when written again, loses the unit. The
+    retry leaves that aggregate's events parked as they were and goes on (it ended the
+    command with the unit's error, a review's find)."""
+    settings = subscriber_settings(settings, tmp_path / "subscriptions")
+    recorder = Recorder("database")
+    async with system(settings) as running:
+        await place(running.client, "bad")
+        await add_line(running.client, "bad")
+        operations = SubscriptionOperations(settings, recorder.subscription, running.registry)
+        async with subscriber(settings, recorder.subscription, running.registry) as member:
+            await member.caught_up()
+            before = await operations.parked()
+            assert [(p.aggregate_id, p.event_type) for p in before] == [("bad", "Placed"), ("bad", "LineAdded")]
+
+            calls: dict[int, int] = {}
+
+            def flaky(ctx: Context) -> None:  # version 1 takes once, then fails; version 2 never takes
+                calls[ctx.version] = calls.get(ctx.version, 0) + 1
+                if ctx.version == 2 or calls[ctx.version] > 1:
+                    raise RuntimeError(f"cannot take {ctx.aggregate_id} v{ctx.version}")
+
+            recorder._check = flaky  # type: ignore[method-assign]
+            report = await operations.retry(None, by="tester")
+            assert calls == {1: 2, 2: 1}
+            assert report.handled == [] and [(p.aggregate_id, p.offset) for p in report.still_parked] == [(p.aggregate_id, p.offset) for p in before]
+            assert [(p.offset, p.status, p.reason) for p in await operations.parked()] == [(p.offset, p.status, p.reason) for p in before]
+            assert not [a for a in recorder.applied(settings) if a[0] == "bad"]
+
+
 @pytest.mark.parametrize("kind", ["database", "reactor", "side_effect"])
 async def test_a_skip_drops_the_event_that_failed_and_handles_those_that_waited_behind_it(
     settings: Settings, tmp_path: Path, kind: str
