@@ -243,18 +243,14 @@ async def test_a_failing_event_is_undone_alone_and_its_aggregate_parked_in_order
     await run.close()
 
 
-def _counted_once(name: str, store: DatabaseConfig, fails: Callable[[str], bool]) -> DatabaseHandler:
-    """Writes a row an order (a second would break the key), then raises where `fails` says."""
-    handler = DatabaseHandler(name, reads=[orders], schema=["CREATE TABLE IF NOT EXISTS counted (order_id TEXT PRIMARY KEY)"])
-    insert = "INSERT INTO counted VALUES (%s)" if isinstance(store, PostgreSQL) else "INSERT INTO counted VALUES (?)"
+def _failing_where(fails: Callable[[str], bool]) -> Callable[[str, DatabaseContext], Awaitable[None]]:
+    """A `last` for `_counting` that raises where `fails` says."""
 
-    @handler.on(Placed)
-    async def count(event: Placed, ctx: DatabaseContext) -> None:
-        await ctx.db.execute(insert, (ctx.aggregate_id,))
-        if fails(ctx.aggregate_id):
-            raise RuntimeError(f"{ctx.aggregate_id} fails")
+    async def last(order_id: str, ctx: DatabaseContext) -> None:
+        if fails(order_id):
+            raise RuntimeError(f"{order_id} fails")
 
-    return handler
+    return last
 
 
 @pytest.mark.parametrize("window", [database_sink.UNDO_WINDOW, 2])
@@ -271,7 +267,7 @@ async def test_the_events_before_a_failing_one_in_its_unit_are_written_once(
         calls[order_id] = calls.get(order_id, 0) + 1
         return order_id in ("bad", "worse")
 
-    handler = _counted_once("once", store, fails)
+    handler = _counting("once", _failing_where(fails), store)
     events = [("g1", PLACED), ("bad", PLACED), ("g2", PLACED), ("bad", PLACED), ("g3", PLACED), ("worse", PLACED), ("g4", PLACED)]
     run = await run_subscription(handler, events, database=store, retries=Retries(attempts=1))
     assert await run.query("SELECT order_id FROM counted ORDER BY order_id") == [("g1",), ("g2",), ("g3",), ("g4",)]
@@ -297,7 +293,7 @@ async def test_a_unit_whose_events_fail_when_written_again_commits_nothing_and_s
         calls[order_id] = calls.get(order_id, 0) + 1
         return order_id == "bad" or (order_id == "flaky" and calls[order_id] == 2)
 
-    handler = _counted_once("flaky_once", store, fails)
+    handler = _counting("flaky_once", _failing_where(fails), store)
     run = await run_subscription(handler, [("flaky", PLACED), ("bad", PLACED), ("good", PLACED)], database=store, retries=Retries(attempts=1))
     assert calls["flaky"] == 3  # applied, failed when written again, applied as the partition started again
     assert await run.query("SELECT order_id FROM counted ORDER BY order_id") == [("flaky",), ("good",)]
@@ -309,27 +305,27 @@ async def test_a_sqlite_handler_that_ends_its_transaction_is_parked_and_the_othe
     """A statement that ends the transaction (SQLite rolls it all back on some errors; here
     the handler's own ROLLBACK) is told at that event, not at the next one or the commit."""
     store = SQLite(tmp_path / "ledger.sqlite")
-    handler = DatabaseHandler("ending", reads=[orders], schema=["CREATE TABLE IF NOT EXISTS counted (order_id TEXT PRIMARY KEY)"])
 
-    @handler.on(Placed)
-    async def count(event: Placed, ctx: DatabaseContext) -> None:
-        await ctx.db.execute("INSERT INTO counted VALUES (?)", (ctx.aggregate_id,))
-        if ctx.aggregate_id == "ends":
+    async def ends(order_id: str, ctx: DatabaseContext) -> None:
+        if order_id == "ends":
             await ctx.db.execute("ROLLBACK")
 
+    handler = _counting("ending", ends, store)
     run = await run_subscription(handler, [("before", PLACED), ("ends", PLACED), ("after", PLACED)], database=store, retries=Retries(attempts=1))
     assert await run.query("SELECT order_id FROM counted ORDER BY order_id") == [("after",), ("before",)]
     assert [(p.aggregate_id, p.reason) for p in run.parked] == [("ends", "OperationalError: the transaction was ended by a statement of the handler")]
     await run.close()
 
 
-def _counting(name: str, last: Callable[[str, DatabaseContext], Awaitable[None]]) -> DatabaseHandler:
-    """Counts each Placed in `counted` (one row an order), then does `last`."""
+def _counting(name: str, last: Callable[[str, DatabaseContext], Awaitable[None]], store: DatabaseConfig | None = None) -> DatabaseHandler:
+    """Counts each Placed in `counted` (one row an order: a second breaks the key), then
+    does `last`; in `store`'s placeholders (None: PostgreSQL's)."""
     handler = DatabaseHandler(name, reads=[orders], schema=["CREATE TABLE IF NOT EXISTS counted (order_id TEXT PRIMARY KEY)"])
+    insert = "INSERT INTO counted VALUES (?)" if isinstance(store, SQLite) else "INSERT INTO counted VALUES (%s)"
 
     @handler.on(Placed)
     async def count(event: Placed, ctx: DatabaseContext) -> None:
-        await ctx.db.execute("INSERT INTO counted VALUES (%s)", (ctx.aggregate_id,))
+        await ctx.db.execute(insert, (ctx.aggregate_id,))
         await last(ctx.aggregate_id, ctx)
 
     return handler
