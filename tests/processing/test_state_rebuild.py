@@ -218,7 +218,7 @@ def _reason(
 def test_an_event_that_does_not_fit_its_model_is_told_in_one_line_with_what_to_do() -> None:
     reason = _reason([Started, _added_with_unit()], ("Started", 1, {}), ("Added", 1, {"n": 2}))
     assert reason == (
-        "its Added v1 event at shop.counters.events[0]@1 does not fit the event as the code has it (unit: Field required): "
+        "its Added v1 event at shop.counters.events/0/1 does not fit the event as the code has it (unit: Field required): "
         "a changed event needs a new schema_version and an upcaster (esk schema check)"
     )
 
@@ -226,7 +226,7 @@ def test_an_event_that_does_not_fit_its_model_is_told_in_one_line_with_what_to_d
 def test_an_event_of_a_newer_version_than_the_code_is_told_so() -> None:
     reason = _reason([Started, Added], ("Started", 1, {}), ("Added", 2, {"n": 2, "unit": "kg"}))
     assert reason == (
-        "its Added v2 event at shop.counters.events[0]@1: NewerSchemaVersion: counters event Added v2 is newer than this "
+        "its Added v2 event at shop.counters.events/0/1: NewerSchemaVersion: counters event Added v2 is newer than this "
         "code's v1: written by newer code (run that code, or add the version here)"
     )
 
@@ -241,5 +241,5 @@ def test_an_upcaster_that_fails_is_told_as_its_own_failure() -> None:
 
     reason = _reason([Started, Added], ("Started", 1, {}), ("Added", 1, {"n": 2}), upcasters={("Added", 1): upcast})
     # the upcaster's own failure, not the advice for an event changed under its version
-    assert reason is not None and reason.startswith("its Added v1 event at shop.counters.events[0]@1: amount: Input should be"), reason
+    assert reason is not None and reason.startswith("its Added v1 event at shop.counters.events/0/1: amount: Input should be"), reason
     assert "needs a new schema_version" not in reason

@@ -61,7 +61,7 @@ def history_updates(store: StateStore, batches: Batches, offsets: Offsets) -> di
                 event = EventRecord.decode(record.value)
                 key = history_key(event.aggregate_type, event.aggregate_id, event.version)
             except (DecodeError, OverflowError) as error:  # not written by esk: nothing to show
-                log.warning("history index: %s[%d]@%d left out (%s)", tp.topic, tp.partition, record.offset, error)
+                log.warning("history index: %s/%d/%d left out (%s)", tp.topic, tp.partition, record.offset, error)
                 continue
             decoded.append((key, record.value, event))
     earlier = store.get_many([key for key, _, event in decoded if event.version == 1])

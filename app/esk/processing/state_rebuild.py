@@ -146,7 +146,7 @@ def _fold_records(registry: Registry, aggregate_type: str, folds: dict[str, _Fol
         fold = folds.get(record.key.decode()) if record.key is not None else None
         if fold is None or fold.error is not None:
             continue
-        at = f"at {record.topic}[{record.partition}]@{record.offset}"
+        at = f"at {record.topic}/{record.partition}/{record.offset}"
         try:
             event = EventRecord.decode(record.value)
             if event.version != fold.version + 1:

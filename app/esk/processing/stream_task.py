@@ -297,7 +297,7 @@ class StreamTask:
         self._open.outputs.append(Output(topic, key, value, partition, headers))
 
     def _dead_letter(self, record: ConsumerRecord[bytes, bytes], reason: str) -> None:
-        log.warning("%s[%d]@%d to the DLQ: %s", record.topic, record.partition, record.offset, reason)
+        log.warning("%s/%d/%d to the DLQ: %s", record.topic, record.partition, record.offset, reason)
         DLQ_RECORDS.labels(record.topic).inc()
         headers = [
             ("esk-dlq-reason", reason.encode()[:1000]),
