@@ -461,6 +461,8 @@ def project_list(
             + (f" (held up: {kept.held_up[generation]})" if generation in kept.held_up else "")
             for generation, holder in kept.runs.items()
         ]
+        if kept.left_out is not None:
+            keepers.append(f"left out by {kept.left_out.who} ({kept.left_out.held_up})")
         parked = len(tables.parked_in(model.name, current))
         rows.append([model.name, list(model.categories), model.description, str(path) if path else None, reflects, keepers, parked])
     if output != "json":  # a cell of text: lists on lines of their own, nothing said plainly

@@ -418,6 +418,25 @@ async def test_a_read_models_setting_that_names_nothing_is_a_problem_not_a_crash
         await open_account(s.client, new_id())
 
 
+async def test_a_request_the_server_fails_to_answer_is_a_problem_and_its_traceback_is_logged(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A defect (here, a read of the read models that raises what nothing expects) answers
+    500 as a problem, as every error does, not Starlette's plain text; the log keeps why."""
+    from esk.projections.reader import ReadModelRows
+
+    def defect(_rows: ReadModelRows, _name: str) -> None:
+        raise RuntimeError("a defect nothing expects")
+
+    monkeypatch.setattr(ReadModelRows, "model", defect)
+    async with system(settings) as s:
+        r = await s.client.get("/v1/projections/anything")
+        assert (r.status_code, r.headers["content-type"], r.json()["code"]) == (500, PROBLEM, "internal_error"), r.text
+        assert "a defect" not in r.text  # the client is not told the server's insides
+        assert any(rec.exc_info and "a defect nothing expects" in str(rec.exc_info[1]) for rec in caplog.records)
+        await open_account(s.client, new_id())  # the API serves on
+
+
 async def _healthz(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bytes:
     """One GET /healthz on an open connection; its answer's status line."""
     writer.write(b"GET /healthz HTTP/1.1\r\nHost: esk\r\n\r\n")

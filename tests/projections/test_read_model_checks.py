@@ -4,8 +4,10 @@ with a writer that writes nothing (runner._check_plan, catalog.PlanCheck). Spark
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,6 +25,7 @@ from domain.accounts import Deposited, accounts
 from esk.broker.ports import free_port
 from esk.projections import catalog, runner
 from esk.projections.catalog import ReadModelMistake, Tables
+from esk.projections.run_lock import Keeper
 from esk.projections.runner import STALL_CHECK_S, ReadModelInvalid, RunFailed, _check_plan, _check_reads, _kafka_cause
 from esk.settings import Settings
 from projections.read_models import READ_MODELS
@@ -107,6 +110,10 @@ def test_the_example_read_models_and_a_right_one_plan_without_writing(spark: Spa
     assert not (tmp_path / "never-written").exists()
 
 
+def _merged_without_a_return(events: DataFrame, writer: esk.BatchWriter) -> None:
+    writer.merge(_counter_rows(events), MERGE)
+
+
 @pytest.mark.parametrize(
     ("apply", "error"),
     [
@@ -148,10 +155,16 @@ def test_the_example_read_models_and_a_right_one_plan_without_writing(spark: Spa
             lambda events, writer: writer.merge(writer.lookup(_counter_rows(events), "counter"), MERGE),
             "its apply, planned over no events at the run's start, fails: [UNRESOLVED_COLUMN.WITH_SUGGESTION] A column, variable, or function parameter with name `counter` cannot be resolved.",
         ),
+        (
+            # its first batch with events failed, and with it every read model of the driver
+            _merged_without_a_return,
+            "its apply, planned over no events at the run's start, fails: counter_totals's apply returned NoneType, not the rows it wrote: "
+            "return what its writer's merge or append returns",
+        ),
     ],
     ids=["a column it does not have", "a batch column a Merge names", "a column events do not have", "an append of other columns",
          "an append of other types",
-         "an event of another type", "a type it does not read", "a lookup on a column the batch does not have"],
+         "an event of another type", "a type it does not read", "a lookup on a column the batch does not have", "a return left out"],
 )
 def test_a_mistake_in_apply_is_told_in_a_line(spark: SparkSession, tmp_path: Path, apply: Callable[[DataFrame, esk.BatchWriter], int], error: str) -> None:
     with pytest.raises(ReadModelInvalid) as refused:
@@ -205,6 +218,44 @@ def test_a_read_model_left_out_lets_go_of_its_generation(spark: SparkSession, tm
     lock = Tables(settings.projections.warehouse_dir).run_lock("balances", 1)
     lock.acquire()  # GenerationBusy while the driver would hold it
     lock.release()
+
+
+def test_a_read_model_left_out_is_said_to_be_while_the_driver_runs(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Readers and `esk project list` see why (Tables.keepers), not only that no run keeps
+    it, for as long as the driver that left it out runs the others; not after."""
+    settings = Settings(_env_file=None).model_copy(
+        update={
+            "domain": "tests.counters:AGGREGATES",
+            "projections": Settings(_env_file=None).projections.model_copy(update={"warehouse_dir": tmp_path / "warehouse"}),
+        }
+    )
+    tables = Tables(settings.projections.warehouse_dir)
+    reads_accounts = esk.Projection(esk.ReadModel("balances", (accounts,), "balances"), COLUMNS, lambda events, writer: 0)
+    seen: list[Keeper | None] = []
+    real_run = runner.run
+
+    def run(settings: Settings, projection: esk.Projection, *args: Any) -> runner.RunSummary:
+        if projection is reads_accounts:
+            return real_run(settings, projection, *args)
+        # the other read model, running on: what its run's time shows of the one left out
+        deadline = time.monotonic() + 60
+        while tables.keepers("balances").left_out is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        seen.append(tables.keepers("balances").left_out)
+        return runner.RunSummary(projection.model.name, 1)
+
+    monkeypatch.setattr(runner, "run", run)
+    with pytest.raises(RunFailed, match=r"^balances: it reads accounts"):
+        runner.run_several(settings, [reads_accounts, _projection(lambda events, writer: 0)], leave_out_invalid=True)
+    [left_out] = seen
+    assert left_out is not None and left_out.who.startswith(f"pid {os.getpid()} on ")
+    assert left_out.held_up == (
+        "it reads accounts, which ESK_DOMAIN=tests.counters:AGGREGATES does not register: register it there, or take it out "
+        "of the ReadModel's reads"
+    )
+    assert tables.keepers("balances").left_out is None  # gone with the driver's run
 
 
 def test_what_the_check_cannot_plan_is_left_to_the_batches_and_spark_errors_stay_spark_errors(spark: SparkSession, tmp_path: Path) -> None:

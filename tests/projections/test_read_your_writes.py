@@ -50,6 +50,17 @@ async def test_a_read_after_a_commands_position_shows_that_command(settings: Set
         assert "retry-after" not in r.headers
         r = await s.client.get(url, params={"account_id": "ryw-1", "wait_ms": 300})  # a wait without positions
         assert r.status_code == 503 and r.json()["code"] == "projection_not_built", r.text
+        # a driver that left it out (its code's mistake, esk dev's): said so and why, not "no run"
+        note = Tables(settings.projections.warehouse_dir).left_out_note(BALANCES.model.name)
+        assert note.acquire()
+        note.held_up("its apply fails; fix its code")
+        r = await s.client.get(url, params={"account_id": "ryw-1"})
+        assert r.status_code == 503 and "retry-after" not in r.headers, r.text
+        assert r.json()["detail"].startswith(
+            "account_balances has not been built yet: run `esk project run account_balances`; the driver running the read "
+            "models left it out (pid "
+        ) and r.json()["detail"].endswith("): its apply fails; fix its code"), r.text
+        note.release()
         # a read that waits waits for the first build too, with positions or without
         waiting = asyncio.create_task(s.client.get(url, params={**first, "wait_ms": 120_000}, timeout=150))
         waiting_alone = asyncio.create_task(s.client.get(url, params={"account_id": "ryw-1", "wait_ms": 120_000}, timeout=150))
@@ -139,6 +150,22 @@ def _counter_totals(events: DataFrame, writer: esk.BatchWriter) -> int:
     )
 
 
+def _counter_marks(events: DataFrame, writer: esk.BatchWriter) -> int:
+    """Columns JSON holds otherwise than Python reads them: a decimal, a map, binary."""
+    rows = (
+        events.filter(esk.of(counters))
+        .groupBy(F.col("aggregate_id").alias("counter_id"))
+        .agg(F.max("version").alias("version"))
+        .select(
+            "counter_id",
+            (F.col("version") * F.lit(1.25)).cast("decimal(10,2)").alias("price"),
+            F.create_map(F.lit("version"), F.col("version")).alias("marks"),
+            F.encode("counter_id", "UTF-8").alias("raw_id"),
+        )
+    )
+    return writer.merge(rows, esk.Merge(on="t.counter_id = s.counter_id", update={"price": "s.price", "marks": "s.marks"}))
+
+
 USER_READ_MODELS = [
     esk.Projection(
         esk.ReadModel("counter_totals", (counters,), "each counter's total", order_by=("counter_id",)),
@@ -146,18 +173,24 @@ USER_READ_MODELS = [
         _counter_totals,
     )
 ]
+MARKS = esk.Projection(
+    esk.ReadModel("counter_marks", (counters,), "each counter's marks"),
+    "counter_id STRING, price DECIMAL(10,2), marks MAP<STRING,BIGINT>, raw_id BINARY",
+    _counter_marks,
+)
+WITH_MARKS = [*USER_READ_MODELS, MARKS]
 
 
-def users_settings(settings: Settings, tmp_path: Path, **projections: object) -> Settings:
-    """`settings` for the counters and USER_READ_MODELS, their warehouse in `tmp_path`."""
-    users = counters_settings(settings, tmp_path, f"{__name__}:USER_READ_MODELS", **projections)
+def users_settings(settings: Settings, tmp_path: Path, read_models: str = "USER_READ_MODELS", **projections: object) -> Settings:
+    """`settings` for the counters and this module's `read_models`, their warehouse in `tmp_path`."""
+    users = counters_settings(settings, tmp_path, f"{__name__}:{read_models}", **projections)
     return users.model_copy(update={"api": settings.api.model_copy(update={"read_wait_max_s": 120})})  # a Spark run on a busy machine
 
 
 async def test_a_users_own_read_model_runs_continuously_and_shows_a_commands_row(
     settings: Settings, spark: SparkSession, tmp_path: Path
 ) -> None:
-    settings = users_settings(settings, tmp_path)
+    settings = users_settings(settings, tmp_path, "WITH_MARKS")
     [totals] = USER_READ_MODELS
     tables = Tables(settings.projections.warehouse_dir)
     async with system(settings) as s:
@@ -174,6 +207,12 @@ async def test_a_users_own_read_model_runs_continuously_and_shows_a_commands_row
             )
             assert r.status_code == 200, r.text
             assert r.json()["rows"] == [{"counter_id": "c1", "total": 6, "version": 4}]
+            # a decimal answers as its exact text, a map as an object, binary as base64 (the
+            # API answered 500 to each), and a decimal filter finds its row
+            await asyncio.to_thread(run, settings, MARKS, spark=spark)
+            r = await s.client.get("/v1/projections/counter_marks", params={"price": "5.0"})
+            assert r.status_code == 200, r.text
+            assert r.json()["rows"] == [{"counter_id": "c1", "price": "5.00", "marks": {"version": 4}, "raw_id": "YzE="}]
         finally:
             for query in spark.streams.active:
                 query.stop()

@@ -5,10 +5,12 @@ batch."""
 from __future__ import annotations
 
 import random
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pyarrow as pa
 import pytest
 
@@ -75,6 +77,16 @@ def test_a_filter_on_no_such_column_or_of_the_wrong_type_is_refused(written: tup
         read_rows(Tables(tmp_path / "empty"), RANKED, {}, 10)
 
 
+def test_an_order_its_table_cannot_give_is_told_in_the_read_model_s_words(written: tuple[Tables, list[dict[str, Any]]]) -> None:
+    """The read model's code now orders by a column its table, built by earlier code, does
+    not have: said so (the API answered with pyarrow's own words), not read in some order."""
+    tables, _ = written
+    changed = esk.ReadModel("ranked", (counters,), "ranked by a column it never had", order_by=("-member", "counter_id"))
+    with pytest.raises(LookupError, match=r"^ranked's order_by names member, which its current table does not have \(its columns: "
+                       r"counter_id, kind, total\); `esk project run ranked` tells what its code declares$"):
+        read_rows(tables, changed, {}, 10)
+
+
 def test_a_timestamp_filter_without_an_offset_is_read_as_utc(tmp_path: Path) -> None:
     """Spark writes a TIMESTAMP as an instant in UTC; the rows show it so, and a filter
     given as they show it, or without an offset at all, finds it."""
@@ -98,9 +110,14 @@ def test_a_timestamp_filter_without_an_offset_is_read_as_utc(tmp_path: Path) -> 
         assert [r["order_id"] for r in read_rows(tables, orders, {"placed_at": given}, 10)] == ["o1"], given
 
 
-def test_a_boolean_column_is_filtered_as_json_writes_it_and_an_unfilterable_one_is_refused(tmp_path: Path) -> None:
+def test_boolean_and_decimal_columns_are_filtered_as_json_writes_them_and_an_unfilterable_one_is_refused(tmp_path: Path) -> None:
     tables = Tables(tmp_path / "warehouse")
-    table = pa.table({"item_id": ["i1", "i2"], "discontinued": [True, False], "price": pa.array([1, 2], pa.decimal128(10, 2))})
+    table = pa.table({
+        "item_id": ["i1", "i2"],
+        "discontinued": [True, False],
+        "price": pa.array([Decimal("1.00"), Decimal("2.50")], pa.decimal128(10, 2)),
+        "tags": [["a"], ["b"]],
+    })  # fmt: skip
     deltalake.write_deltalake(str(tables.path("items", 1)), table)
     tables.switch("items", 1)
     items = esk.ReadModel("items", (counters,), "items", order_by=("item_id",))
@@ -108,9 +125,49 @@ def test_a_boolean_column_is_filtered_as_json_writes_it_and_an_unfilterable_one_
     assert [r["item_id"] for r in read_rows(tables, items, {"discontinued": "false"}, 10)] == ["i2"]
     with pytest.raises(BadFilter, match=r"^discontinued: 'yes' is not true or false$"):
         read_rows(tables, items, {"discontinued": "yes"}, 10)
-    # pyarrow compares no string with it (the API answered 500): refused, as /openapi.json leaves it out
-    with pytest.raises(BadFilter, match=r"^price is a decimal128\(10, 2\) column: rows are not filtered on one$"):
-        read_rows(tables, items, {"price": "1.00"}, 10)
+    for given in ("2.5", "2.50", "-0", "1"):
+        expected = {"2.5": ["i2"], "2.50": ["i2"], "-0": [], "1": ["i1"]}[given]
+        assert [r["item_id"] for r in read_rows(tables, items, {"price": given}, 10)] == expected, given
+    # as /openapi.json's pattern states: digits, no exponent; and no more places than the column holds
+    for given in ("2.505", "1e2", "NaN", "twelve", "123456789012"):
+        with pytest.raises(BadFilter, match=rf"^price: '{given}' is not a decimal number a decimal\(10,2\) column holds$"):
+            read_rows(tables, items, {"price": given}, 10)
+    # pyarrow compares no string with it: refused, as /openapi.json leaves it out
+    with pytest.raises(BadFilter, match=r"^tags is a list<element: string> column: rows are not filtered on one$"):
+        read_rows(tables, items, {"tags": "a"}, 10)
+
+
+def test_rows_answer_as_json_holds_each_column(tmp_path: Path) -> None:
+    """Decimals as their exact text (a JSON number reaches most clients as a double), binary
+    as base64, dates and times in ISO 8601, maps as objects, structs and arrays by their parts,
+    nulls as null at every depth (the API answered 500 to a row with a decimal or binary)."""
+    tables = Tables(tmp_path / "warehouse")
+    line = pa.struct([("sku", pa.string()), ("price", pa.decimal128(12, 4)), ("due", pa.date32())])
+    table = pa.table({
+        "order_id": ["o1", "o2"],
+        "total": pa.array([Decimal("0.00"), None], pa.decimal128(10, 2)),
+        "raw": pa.array([b"\x00\xffesk", None], pa.binary()),
+        "lines": pa.array([[{"sku": "s1", "price": Decimal("1.5"), "due": date(2026, 12, 1)}, None], None], pa.list_(line)),
+        "counts": pa.array([[("a", 1), ("b", None)], None], pa.map_(pa.string(), pa.int64())),
+        "by_day": pa.array([[(date(2026, 1, 2), Decimal("3"))], []], pa.map_(pa.date32(), pa.decimal128(5, 1))),
+        "at": pa.array([datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC), None], pa.timestamp("us", tz="UTC")),
+    })  # fmt: skip
+    deltalake.write_deltalake(str(tables.path("orders", 1)), table)
+    tables.switch("orders", 1)
+    rows = read_rows(tables, esk.ReadModel("orders", (counters,), "orders", order_by=("order_id",)), {}, 10)
+    assert rows == [
+        {
+            "order_id": "o1",
+            "total": "0.00",
+            "raw": "AP9lc2s=",
+            "lines": [{"sku": "s1", "price": "1.5000", "due": "2026-12-01"}, None],
+            "counts": {"a": 1, "b": None},
+            "by_day": {"2026-01-02": "3.0"},
+            "at": "2026-01-02T03:04:05+00:00",
+        },
+        {"order_id": "o2", "total": None, "raw": None, "lines": None, "counts": None, "by_day": {}, "at": None},
+    ]
+    assert orjson.loads(orjson.dumps(rows)) == rows
 
 
 # A read that answers from the first rows, then the process's end at once (an API pod

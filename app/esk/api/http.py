@@ -190,6 +190,12 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
         errors = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in error.errors()]
         return Problem(422, "invalid_request", "the request is invalid", errors=errors).response()
 
+    @app.exception_handler(Exception)
+    async def _failed(_request: Request, _error: Exception) -> Response:
+        # A defect, esk's or the domain's: the client is still told in a problem, and
+        # Starlette raises the error on, for the server to log with its traceback.
+        return Problem(500, "internal_error", "the server failed to answer this request; its log says why").response()
+
     # The last added is the outermost: auth comes before the commands' routes.
     endpoints = [CommandEndpoint(intake, t, name) for t in registry.values() for name in t.commands]
     app.add_middleware(CommandRoutes, endpoints=endpoints)
@@ -315,6 +321,9 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
                 f"; generation {current + 1} is being built beside it (a changed read model, or a rebuild), "
                 f"and readers stay on {current}, which stands still, until it has caught up"
             )
+        elif not keepers.runs and keepers.left_out is not None:
+            problem.detail += f"; the driver running the read models left it out ({keepers.left_out.who}): {keepers.left_out.held_up}"
+            problem.headers.pop("Retry-After", None)  # until its code is fixed
         elif not keepers.runs:
             problem.detail += f"; {NO_RUN}"
             problem.headers.pop("Retry-After", None)  # a retry would get the same answer

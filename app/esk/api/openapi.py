@@ -21,6 +21,7 @@ from pydantic import BaseModel
 from ..domain.aggregate import AggregateType, Event
 from ..kafka.topics import TopicNames
 from ..projections.catalog import Projection, configured_read_models
+from ..projections.reader import DECIMAL_TEXT
 from ..protocol import MAX_VERSION, STATE_UNUSABLE, Status
 from ..registry import Registry
 from ..settings import Settings
@@ -496,6 +497,7 @@ _FILTER_TYPES: tuple[tuple[tuple[str, ...], Schema], ...] = (
     (("int", "integer"), _integer(32)),
     (("bigint", "long"), _integer(64)),
     (("float", "real", "double"), {"type": "number"}),
+    (("decimal", "dec", "numeric"), {"type": "string", "pattern": DECIMAL_TEXT.pattern, "description": "A decimal number, exactly"}),
     (("date",), {"type": "string", "format": "date"}),
     (("timestamp", "timestamp_ntz", "timestamp_ltz"), {"type": "string", "format": "date-time"}),
 )
@@ -517,10 +519,14 @@ def _columns(ddl: str) -> list[tuple[str, str]]:
     return columns
 
 
+# What a row holds of a column no filter is given for (projections/reader.py, _json_value)
+_ROW_ONLY: dict[str, Schema] = {"binary": {"type": "string", "contentEncoding": "base64"}}
+
+
 def _row_value(type_name: str) -> Schema:
-    known = _FILTERS.get(type_name)
+    known = _FILTERS.get(type_name) or _ROW_ONLY.get(type_name)
     if known is None:
-        return {}
+        return {}  # a struct, an array, a map: as JSON holds them
     value = known | {"type": [known["type"], "null"]}  # a column may be null
     if known.get("format") == "date-time":
         del value["format"]  # a timestamp comes back as ISO text, which may lack its zone

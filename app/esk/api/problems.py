@@ -20,6 +20,7 @@ _TITLES = {
     413: "Content Too Large",
     415: "Unsupported Media Type",
     422: "Unprocessable Content",
+    500: "Internal Server Error",
     503: "Service Unavailable",
 }
 

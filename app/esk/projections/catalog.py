@@ -28,7 +28,7 @@ from ..domain.aggregate import AggregateType
 from ..registry import by_name, load_object, load_optional
 from ..settings import Settings
 from .parking import ParkedAggregate, ParkedAggregates
-from .run_lock import GenerationBusy, GenerationLock
+from .run_lock import GenerationBusy, GenerationLock, Keeper
 
 if TYPE_CHECKING:
     from pyarrow.dataset import Dataset
@@ -524,6 +524,7 @@ class Keepers:
     current: int | None
     runs: dict[int, str]
     held_up: dict[int, str] = field(default_factory=dict)  # why a run is held up, by generation
+    left_out: Keeper | None = None  # a driver that left the read model out of its run: who, and why
 
     def held_up_reader(self) -> str | None:
         """Why the run that readers wait on is held up, if it is: the one keeping the
@@ -605,6 +606,12 @@ class Tables:
             if folder.exists():
                 shutil.rmtree(folder)
 
+    def left_out_note(self, name: str) -> GenerationLock:
+        """The note a driver that left the read model out holds for as long as it runs
+        (runner.run_several): why, for readers and `esk project list`, which would otherwise
+        see only that no run keeps it. A lock, so that it goes with the driver."""
+        return GenerationLock(self.warehouse / "_checkpoints" / f"{name}.left-out.lock", name, 0)
+
     def run_lock(self, name: str, generation: int) -> GenerationLock:
         """The lock a run of the generation holds (run_lock.py): beside its checkpoint, which
         a run starting the generation over removes, and out of readers' way."""
@@ -617,7 +624,10 @@ class Tables:
         generations = [1] if current is None else [current, current + 1]
         keepers = {g: keeper for g in generations if (keeper := self.run_lock(name, g).keeper()) is not None}
         return Keepers(
-            current, {g: k.who for g, k in keepers.items()}, {g: k.held_up for g, k in keepers.items() if k.held_up is not None}
+            current,
+            {g: k.who for g, k in keepers.items()},
+            {g: k.held_up for g, k in keepers.items() if k.held_up is not None},
+            self.left_out_note(name).keeper(),
         )
 
     def generations(self, name: str) -> list[int]:

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
-from datetime import UTC, date, datetime
+import base64
+import re
+from collections.abc import Callable
+from datetime import UTC, date, datetime, time
+from decimal import Decimal
 from typing import Any
+
+import orjson
 
 from ..settings import Settings
 from .catalog import Keepers, ReadModel, Tables, arrow_dataset, configured_read_models
 from .parking import ParkedAggregate
 from .positions import Positions, read_model_positions
+
+# A decimal filter's value, as /openapi.json states it: no exponent, no NaN
+DECIMAL_TEXT = re.compile(r"^-?[0-9]+(\.[0-9]+)?$")
 
 
 class ReadModelNotFound(LookupError):
@@ -91,6 +100,12 @@ def read_rows(tables: Tables, model: ReadModel, filters: dict[str, str], limit: 
         term = pc.field(column).cast(arrow_type) == _convert(column, raw, arrow_type, pa)
         condition = term if condition is None else condition & term
     sort_keys = [(c.lstrip("-"), "descending" if c.startswith("-") else "ascending") for c in model.order_by]
+    if unknown := [column for column, _ in sort_keys if column not in dataset.schema.names]:
+        # its code changed since the table was built: a run of it says what is amiss
+        raise LookupError(
+            f"{name}'s order_by names {', '.join(unknown)}, which its current table does not have (its columns: "
+            f"{', '.join(dataset.schema.names)}); `esk project run {name}` tells what its code declares"
+        )
     if not sort_keys:
         table = dataset.head(limit, filter=condition)
     else:
@@ -102,7 +117,8 @@ def read_rows(tables: Tables, model: ReadModel, filters: dict[str, str], limit: 
                 candidates = pa.concat_tables([table, pa.Table.from_batches([batch])])
                 table = candidates.take(pc.select_k_unstable(candidates, k=limit, sort_keys=sort_keys))
         table = table.sort_by(sort_keys)
-    return [_jsonable(row) for row in table.to_pylist()]
+    as_json = {field.name: _json_value(field.type, pa) for field in table.schema}
+    return [{column: as_json[column](value) for column, value in row.items()} for row in table.to_pylist()]
 
 
 def _convert(column: str, raw: str, arrow_type: Any, pa: Any) -> Any:
@@ -113,6 +129,10 @@ def _convert(column: str, raw: str, arrow_type: Any, pa: Any) -> Any:
             return pa.scalar(int(raw), type=arrow_type)  # one the column cannot hold is refused (OverflowError)
         if pa.types.is_floating(arrow_type):
             return float(raw)
+        if pa.types.is_decimal(arrow_type):
+            if not DECIMAL_TEXT.match(raw):
+                raise ValueError(raw)
+            return pa.scalar(Decimal(raw), type=arrow_type)  # more places or digits than it holds: refused
         if pa.types.is_date(arrow_type):
             return date.fromisoformat(raw)
         if pa.types.is_timestamp(arrow_type):
@@ -138,10 +158,46 @@ def _as_given(arrow_type: Any, pa: Any) -> str:
         return f"a whole number a {arrow_type.bit_width}-bit column holds"
     if pa.types.is_floating(arrow_type):
         return "a number"
+    if pa.types.is_decimal(arrow_type):
+        return f"a decimal number a decimal({arrow_type.precision},{arrow_type.scale}) column holds"
     if pa.types.is_date(arrow_type):
         return "a date (YYYY-MM-DD)"
     return "a date and time in ISO 8601 (2025-06-01T09:30:00Z)"  # a timestamp: the types _convert takes
 
 
-def _jsonable(row: dict[str, Any]) -> dict[str, Any]:
-    return {k: v.isoformat() if isinstance(v, (date, datetime)) else v for k, v in row.items()}
+def _json_value(arrow_type: Any, pa: Any) -> Callable[[Any], Any]:
+    """How a value of a column of `arrow_type` goes into a JSON answer, as /openapi.json
+    states it: a decimal as its exact text (a JSON number would reach most clients as a
+    double), binary as base64, a date or time in ISO 8601, a map as an object, structs and
+    arrays as their parts are."""
+    if pa.types.is_struct(arrow_type):
+        fields = [(field.name, _json_value(field.type, pa)) for field in arrow_type]
+        return _unless_null(lambda value: {name: convert(value[name]) for name, convert in fields})
+    if pa.types.is_map(arrow_type):
+        key, item = _json_value(arrow_type.key_type, pa), _json_value(arrow_type.item_type, pa)
+        return _unless_null(lambda pairs: {_object_key(key(k)): item(v) for k, v in pairs})
+    if any(is_list(arrow_type) for is_list in (pa.types.is_list, pa.types.is_large_list, pa.types.is_fixed_size_list,
+                                               pa.types.is_list_view, pa.types.is_large_list_view)):
+        element = _json_value(arrow_type.value_type, pa)
+        return _unless_null(lambda values: [element(v) for v in values])
+    if pa.types.is_decimal(arrow_type):
+        return _unless_null(lambda value: format(value, "f"))  # fixed-point: 0.00, never 0E-2
+    if any(is_binary(arrow_type) for is_binary in (pa.types.is_binary, pa.types.is_large_binary, pa.types.is_fixed_size_binary,
+                                                   pa.types.is_binary_view)):
+        return _unless_null(lambda value: base64.b64encode(value).decode("ascii"))
+    if pa.types.is_temporal(arrow_type):
+        return _unless_null(lambda value: value.isoformat() if isinstance(value, (date, datetime, time)) else str(value))
+    return _as_it_is
+
+
+def _as_it_is(value: Any) -> Any:
+    return value
+
+
+def _unless_null(convert: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    return lambda value: None if value is None else convert(value)
+
+
+def _object_key(key: Any) -> str:
+    """A JSON object's key: a map's keys may be numbers, dates, booleans."""
+    return key if isinstance(key, str) else orjson.dumps(key).decode()

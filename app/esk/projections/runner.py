@@ -913,7 +913,9 @@ def run_several(
     names = [projection.model.name for projection in projections]
     # A continuous run waits for each generation in its read model's thread; any other is
     # refused at once, before the driver starts, holding none.
-    held = {} if continuous and not rebuild else _hold_generations(Tables(settings.projections.warehouse_dir), names, rebuild)
+    tables = Tables(settings.projections.warehouse_dir)
+    held = {} if continuous and not rebuild else _hold_generations(tables, names, rebuild)
+    notes: list[GenerationLock] = []  # of the read models left out, held while the others run
     summaries: dict[str, RunSummary] = {}
     failures: list[RunFailed] = []
     left_out: list[RunFailed] = []
@@ -933,6 +935,7 @@ def run_several(
                     told = error if isinstance(error, ReadModelInvalid) else f"failed: {_in_a_line(error.error)}"
                     log.error(f"{name}: {told}; left out of this run, the other read models going on")
                     left_out.append(RunFailed(name, error))
+                    _note_left_out(tables.left_out_note(name), str(told), notes)
                     return
                 failures.append(RunFailed(name, error))
                 stop.asked.set()
@@ -950,12 +953,26 @@ def run_several(
     finally:
         for taken in held.values():  # of runs that never started
             taken.lock.release()
+        for note in notes:
+            note.release()
     if interrupted:
         raise KeyboardInterrupt
     if failures or left_out:
         failed = (failures or left_out)[0]
         raise RunFailed(failed.name, failed.error, [summaries[name] for name in names if name in summaries])
     return [summaries[name] for name in names]
+
+
+def _note_left_out(note: GenerationLock, why: str, notes: list[GenerationLock]) -> None:
+    """Says for readers, while the driver runs, why it left a read model out; another
+    driver that left it out already says so, and a note that cannot be written leaves the
+    driver's log alone to say it."""
+    try:
+        if note.acquire():
+            note.held_up(why)
+            notes.append(note)
+    except (GenerationBusy, OSError) as error:
+        log.debug("%s: not noted as left out: %s", note.name, error)
 
 
 def _hold_generations(tables: Tables, names: Sequence[str], rebuild: bool) -> dict[str, Held]:
@@ -1065,7 +1082,7 @@ def _check_plan(spark: SparkSession, projection: Projection, app_id: str, path: 
     check = PlanCheck(spark, app_id, -1, str(path), schema=schema)
     try:
         with reading(projection.model.name, projection.model.reads):
-            projection.apply(no_events(spark), check)
+            _rows_written(projection.model.name, projection.apply(no_events(spark), check))  # a `return` left out, say
     except (AnalysisException, ReadModelMistake) as error:
         first = _first_line(error.getMessage() if isinstance(error, AnalysisException) else str(error)) or type(error).__name__
         raise ReadModelInvalid(f"its apply, planned over no events at the run's start, fails: {first}") from error
