@@ -67,7 +67,9 @@ SUBSCRIPTION_CAUGHT_UP = Gauge(
     "esk_subscription_caught_up", "1 when every input partition this subscriber owns is handled up to its end", ["subscription"]
 )
 SUBSCRIPTION_PARKED = Gauge(
-    "esk_subscription_parked", "Events of an input partition parked now (read from the store)", ["subscription", "topic", "partition"]
+    "esk_subscription_parked",
+    "Events of an input partition parked now (read from the store), by why (the result they counted under)",
+    ["subscription", "topic", "partition", "result"],
 )
 SUBSCRIPTION_PARTITIONS = Gauge("esk_subscription_partitions", "Input partitions this subscriber owns and has started", ["subscription"])
 

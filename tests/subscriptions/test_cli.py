@@ -97,7 +97,9 @@ def test_the_subscriptions_commands(settings: Settings, env: dict[str, str], tmp
         assert code == 0 and "o3" in out and "undecodable" in out and "1 parked" in out
         code, out = esk("subscriptions", "status", "customer_ledger")  # caught up, and says what it holds back
         assert code == 2 and "customer_ledger: caught up; 1 parked (esk subscriptions parked customer_ledger)" in out
-        wait_until(lambda: _metric(port, "esk_subscription_parked") == 1.0, 30, "the subscriber to count it")
+        # counted as what needs an operator (its alert's), not as waiting for newer code
+        wait_until(lambda: _metric(port, "esk_subscription_parked", result="parked") == 1.0, 30, "the subscriber to count it")
+        assert _metric(port, "esk_subscription_parked", result="parked_newer_version") == 0.0
 
         # while it runs: the offsets are its database's; o3, still parked, is marked reset
         code, out = esk("subscriptions", "reset", "customer_ledger", "--to", "earliest", "--by", "ops@example")
@@ -138,15 +140,20 @@ def test_a_kafka_offset_subscription_is_reset_only_without_members(settings: Set
     finally:
         subscriber.send_signal(signal.SIGTERM)
         subscriber.wait(30)
+    # a time still to come would move every offset to the end, skipping all: refused
+    code, out = esk("subscriptions", "reset", "payments", "--to", "2999-01-01T00:00:00+00:00")
+    assert code == 1 and "cannot replay from 2999-01-01T00:00:00+00:00, a time still to come" in out, out
+    code, out = esk("subscriptions", "status", "payments")
+    assert code == 0, out  # nothing moved
     code, out = esk("subscriptions", "reset", "payments", "--to", "2000-01-01T00:00:00+00:00")
     assert code == 0, out
     code, out = esk("subscriptions", "status", "payments")
     assert code == 1 and "1 behind" in out
 
 
-def _metric(port: int, name: str) -> float | None:
+def _metric(port: int, name: str, **labels: str) -> float | None:
     try:
-        return metric_sum(httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text, name)
+        return metric_sum(httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text, name, **labels)
     except httpx.HTTPError:
         return None
 

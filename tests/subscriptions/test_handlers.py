@@ -20,6 +20,7 @@ from domain.accounts import Deposited, Opened, Withdraw, accounts
 from domain.orders import Cancel, Line, LineAdded, Placed, Shipped, orders
 from esk import (
     AggregateType,
+    CommandOutcome,
     Context,
     DatabaseContext,
     DatabaseHandler,
@@ -36,6 +37,7 @@ from esk.protocol import EventRecord, Outcome, Status
 from esk.subscriptions.database_sink import DatabaseSink, load_parked, prepare, read_offsets
 from esk.subscriptions.parking import ParkedEvent, ParkStatus
 from esk.subscriptions.routing import HandlerMistake, Router, Undecodable, origin_of, reactor_commands
+from esk.subscriptions.testing import Reply
 from esk.subscriptions.worker import TAKEN_UP_BEHIND_NOTHING, WAITS_BEHIND, PartitionWorker, resolve_parked
 from subscriptions import customer_ledger, payments
 
@@ -268,6 +270,25 @@ def test_a_handler_that_is_not_async_is_refused_where_it_is_registered() -> None
 
     sub.on(Shipped)(decorated)
     assert Placed in sub.handlers and Shipped in sub.handlers
+
+
+async def test_an_outcome_parked_is_named_by_its_command() -> None:
+    """`esk subscriptions parked` and `retry` name what each entry is: an outcome's record has
+    no event type in its headers (it showed as `?`)."""
+    sub = Reactor("answered", reads=[orders])
+    placed = ("o1", Placed(customer_id="c", lines=[]))
+
+    @sub.on(Placed)
+    async def pay(event: Placed, ctx: Context) -> list[Send]:
+        return [Send(accounts, "a1", Withdraw(amount=1))]
+
+    @sub.on_outcome(Withdraw)
+    async def paid(outcome: CommandOutcome, ctx: Context) -> list[Send]:
+        raise RuntimeError("not this one")
+
+    [sent] = (await run_subscription(sub, [placed])).commands
+    run = await run_subscription(sub, [placed, Reply(sent, Status.ACCEPTED, 2)], retries=Retries(attempts=1))
+    assert [(p.event_type, p.reason) for p in run.parked] == [("outcome of withdraw", "RuntimeError: not this one")]
 
 
 @pytest.mark.parametrize("answer", [None, "generator", "one Send", "a command"])

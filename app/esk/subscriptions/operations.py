@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -121,7 +121,7 @@ class SubscriptionOperations:
         beginning, end, _ = await partition_offsets(self.settings, tps)
         if not_started is None:
             async with self._stores() as stores:
-                parked = await stores.parked_counts(tps)
+                parked = {tp: sum(counts.values()) for tp, counts in (await stores.parked_counts(tps)).items()}
         else:
             parked = dict.fromkeys(tps, 0)
         partitions = [
@@ -197,6 +197,12 @@ class SubscriptionOperations:
         replay from there never writes again), nor at all without an `on_reset`. Events still
         parked past the new offsets are marked reset by `by`."""
         subscription = self.subscription
+        if to is not None and to > datetime.now(UTC):
+            # no record is at or after it: every partition would go to its end, skipping all
+            raise RefusedError(
+                f"subscription {subscription.name!r} cannot replay from {to.isoformat()}, a time still to come: "
+                "give a time that has passed, or earliest"
+            )
         if isinstance(subscription, DatabaseHandler) and not keep_data:
             if to is not None:
                 raise RefusedError(

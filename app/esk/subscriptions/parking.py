@@ -17,9 +17,31 @@ from typing import TypeVar
 import msgspec
 from aiokafka.structs import ConsumerRecord
 
+from ..domain.aggregate import NewerSchemaVersion
 from ..protocol import now_ms
 
 T = TypeVar("T")
+
+
+UNDECODABLE = "undecodable: "  # how the reason of an event parked because it does not decode begins
+# ... and of one whose schema version is newer than the code's.
+NEWER_VERSION = f"{UNDECODABLE}{NewerSchemaVersion.__name__}"
+WAITS_BEHIND = "waits behind an earlier parked event of "  # ... and of one parked only for that
+# Why an event is parked, as esk_subscription_events_total's `result` and
+# esk_subscription_parked's count it (parked_result).
+PARKED_RESULTS = ("parked", "parked_newer_version", "parked_behind")
+
+
+def parked_result(reason: str) -> str:
+    """The `result` an event parked for `reason` counts under. Only `parked` needs someone
+    (its handler failed every attempt, or it does not decode): the others wait for the
+    event before them, or for this subscriber to run the code that wrote them, as a rolling
+    deployment does for a while."""
+    if reason.startswith(NEWER_VERSION):
+        return "parked_newer_version"
+    if reason.startswith(WAITS_BEHIND):
+        return "parked_behind"
+    return "parked"
 
 
 class ParkStatus(StrEnum):
@@ -58,14 +80,17 @@ class ParkedEvent(msgspec.Struct, frozen=True):
     earlier: tuple[Resolution, ...] = ()  # oldest first
 
     @classmethod
-    def of(cls, subscription: str, record: ConsumerRecord[bytes, bytes], reason: str, attempts: int) -> ParkedEvent:
+    def of(
+        cls, subscription: str, record: ConsumerRecord[bytes, bytes], reason: str, attempts: int, event_type: str | None = None
+    ) -> ParkedEvent:
+        """`event_type`: what the record is, where its headers do not say (an outcome)."""
         return cls(
             subscription,
             record.topic,
             record.partition,
             record.offset,
             aggregate_key(record),
-            header(record, "esk-event-type"),
+            header(record, "esk-event-type") or event_type,
             reason,
             attempts,
             record.key,

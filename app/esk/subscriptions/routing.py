@@ -188,6 +188,16 @@ class Router:
             raise Undecodable(one_line(error)) from None
         return EventDelivery(handler, event, event_record, record.topic, record.partition, record.offset)
 
+    def outcome_of(self, record: ConsumerRecord[bytes, bytes]) -> str | None:
+        """What an outcome's record is, in words (`outcome of <command>`), for where it is
+        parked; None for an event's (its headers say)."""
+        if record.topic != self.results_topic:
+            return None
+        try:
+            return f"outcome of {Outcome.decode(record.value).command}"
+        except (DecodeError, TypeError):  # what does not decode is parked as well
+            return "outcome"
+
     def _decode_outcome(self, record: ConsumerRecord[bytes, bytes]) -> OutcomeDelivery | None:
         assert isinstance(self.subscription, Reactor)
         try:

@@ -32,6 +32,7 @@ from ..kafka.stopping import stop_consumer
 from ..metrics import SUBSCRIPTION_CAUGHT_UP, SUBSCRIPTION_LAG, SUBSCRIPTION_PARKED, SUBSCRIPTION_PARTITIONS
 from ..settings import Settings
 from .api import AnySubscription
+from .parking import PARKED_RESULTS
 from .routing import Router, check_outcome_commands
 from .stores import DatabaseUnreachable, Stores, group_id
 from .worker import FailedWithItsUnit, PartitionWorker
@@ -352,9 +353,10 @@ class SubscriptionRunner:
         except Exception as error:  # a store away: the partitions say so; the gauge waits for the next look
             log.debug("%s: parked events not counted: %r", self.subscription.name, error)
             return
-        for tp, count in counts.items():
+        for tp, by_result in counts.items():
             if tp in self.partitions:  # still this member's
-                SUBSCRIPTION_PARKED.labels(self.subscription.name, tp.topic, str(tp.partition)).set(count)
+                for result, count in by_result.items():
+                    SUBSCRIPTION_PARKED.labels(self.subscription.name, tp.topic, str(tp.partition), result).set(count)
 
     async def _assign(self, assigned: set[TopicPartition]) -> None:
         for tp in assigned:
@@ -366,9 +368,11 @@ class SubscriptionRunner:
         stopping = [self.partitions.pop(tp) for tp in revoked if tp in self.partitions]
         await asyncio.gather(*(p.stop() for p in stopping))
         for tp in revoked:
-            for gauge in (SUBSCRIPTION_LAG, SUBSCRIPTION_PARKED):
-                with contextlib.suppress(KeyError):  # never reported
-                    gauge.remove(self.subscription.name, tp.topic, str(tp.partition))
+            labels = (self.subscription.name, tp.topic, str(tp.partition))
+            for gauge, label_sets in ((SUBSCRIPTION_LAG, [labels]), (SUBSCRIPTION_PARKED, [(*labels, r) for r in PARKED_RESULTS])):
+                for label_set in label_sets:
+                    with contextlib.suppress(KeyError):  # never reported
+                        gauge.remove(*label_set)
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka ships no type hints

@@ -19,7 +19,7 @@ from .database import Database, SQLite
 from .database_sink import DatabaseSink, prepare
 from .kafka_sinks import OffsetCommitSink, TransactionalSink
 from .parked_topic import ParkedTopic, parked_topic_spec
-from .parking import ParkStatus
+from .parking import PARKED_RESULTS, ParkStatus, parked_result
 from .routing import Router
 from .sinks import PartitionSink
 
@@ -109,22 +109,28 @@ class Stores:
         assert self._producer is not None
         return OffsetCommitSink(subscription, self._consumer, self._producer, self.parked_topic, tp)
 
-    async def parked_counts(self, tps: Collection[TopicPartition]) -> dict[TopicPartition, int]:
+    async def parked_counts(self, tps: Collection[TopicPartition]) -> dict[TopicPartition, dict[str, int]]:
         """How many events of each input partition in `tps` are parked now, as the store has
-        them (a retry from the command line included)."""
+        them (a retry from the command line included), by why (PARKED_RESULTS)."""
+        counts = {tp: dict.fromkeys(PARKED_RESULTS, 0) for tp in tps}
         if self.database is not None:
             async with self.database.transaction() as tx:
                 rows = await tx.esk.fetchall(
-                    "SELECT topic, kafka_partition, COUNT(*) FROM esk_parked WHERE subscription = ? AND status = ? "
-                    "GROUP BY topic, kafka_partition",
+                    "SELECT topic, kafka_partition, reason, COUNT(*) FROM esk_parked WHERE subscription = ? AND status = ? "
+                    "GROUP BY topic, kafka_partition, reason",
                     (self.subscription.name, ParkStatus.PARKED.value),
                 )
-            counts = {TopicPartition(str(topic), int(partition)): int(n) for topic, partition, n in rows}
-            return {tp: counts.get(tp, 0) for tp in tps}
+            for topic, partition, reason, n in rows:
+                if (tp := TopicPartition(str(topic), int(partition))) in counts:
+                    counts[tp][parked_result(str(reason))] += int(n)
+            return counts
         topic = self.parked_topic
         assert topic is not None, "open the stores first"
         states = {p: await topic.refresh(p) for p in sorted({topic.partition_of(tp.partition) for tp in tps})}
-        return {tp: len(states[topic.partition_of(tp.partition)].still_parked(tp.topic, tp.partition)) for tp in tps}
+        for tp in tps:
+            for event in states[topic.partition_of(tp.partition)].still_parked(tp.topic, tp.partition):
+                counts[tp][parked_result(event.reason)] += 1
+        return counts
 
     async def close(self) -> None:
         if self._producer is not None:

@@ -27,20 +27,16 @@ from aiokafka.structs import ConsumerRecord
 from opentelemetry.trace import SpanKind
 
 from .. import tracing
-from ..domain.aggregate import NewerSchemaVersion, one_line
+from ..domain.aggregate import one_line
 from ..kafka.acls import AUTHORIZATION_REFUSED
 from ..metrics import SUBSCRIPTION_EVENTS
 from .api import AnySubscription, Retries
-from .parking import ParkedEvent, ParkStatus, aggregate_key
+from .parking import NEWER_VERSION, UNDECODABLE, WAITS_BEHIND, ParkedEvent, ParkStatus, aggregate_key, parked_result
 from .routing import Delivery, EventDelivery, HandlerMistake, Router, Undecodable
 from .sinks import Fenced, PartitionSink, Unit, is_ahead
 
 log = logging.getLogger(__name__)
 
-UNDECODABLE = "undecodable: "  # how the reason of an event parked because it does not decode begins
-# ... and of one whose schema version is newer than the code's.
-NEWER_VERSION = f"{UNDECODABLE}{NewerSchemaVersion.__name__}"
-WAITS_BEHIND = "waits behind an earlier parked event of "  # ... and of one parked only for that
 # Who resolved the parked events esk handled on its own as it opened a partition.
 TAKEN_UP_VERSION_KNOWN = "esk: its schema version is known now"
 TAKEN_UP_BEHIND_NOTHING = "esk: nothing is parked before it"
@@ -320,7 +316,8 @@ class PartitionWorker:
     async def _park(
         self, unit: Unit, record: ConsumerRecord[bytes, bytes], reason: str, attempts: int, verified: set[str]
     ) -> None:
-        event = ParkedEvent.of(self.subscription.name, record, reason, attempts).after(await unit.entry_at(record.offset))
+        event = ParkedEvent.of(self.subscription.name, record, reason, attempts, self.router.outcome_of(record))
+        event = event.after(await unit.entry_at(record.offset))
         await unit.park(event)
         result = parked_result(reason)
         # A WARNING for what needs someone; INFO for what waits on its own (an event before
@@ -358,18 +355,6 @@ async def _abort_quietly(unit: Unit) -> None:
         await unit.abort()
     except Exception as error:
         log.debug("a unit could not be aborted: %r", error)
-
-
-def parked_result(reason: str) -> str:
-    """The `result` of esk_subscription_events_total an event parked for `reason` counts
-    under. Only `parked` needs someone (its handler failed every attempt, or it does not
-    decode): the others wait for the event before them, or for this subscriber to run the
-    code that wrote them, as a rolling deployment does for a while."""
-    if reason.startswith(NEWER_VERSION):
-        return "parked_newer_version"
-    if reason.startswith(WAITS_BEHIND):
-        return "parked_behind"
-    return "parked"
 
 
 async def resolve_parked(
