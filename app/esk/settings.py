@@ -227,6 +227,10 @@ class SubscriberSettings(BaseModel):
     fetch_max_wait_ms: int = Field(default=20, ge=0)
     session_timeout_ms: int = 10_000
     max_poll_interval_ms: int = 300_000
+    # On SIGTERM, how long the chunks in hand may go on to their commit; one still running
+    # then is given up uncommitted, for the partition's next owner to handle again. Keep it
+    # under the pod's terminationGracePeriodSeconds (and esk dev's 30 s stop).
+    stop_grace_s: float = Field(default=20.0, ge=0)
     # Prometheus metrics, /healthz and /readyz of `esk subscriber` (None, in code alone: no
     # such server); `esk dev` gives each subscription's process the next port.
     metrics_port: int | None = 9465

@@ -59,7 +59,8 @@ class InputPartition:
         self.tp = tp
         self.worker: PartitionWorker | None = None
         self.running = False  # started: records handed over are handled
-        self.busy = False  # a chunk is handed over and not yet handled
+        self._idle = asyncio.Event()  # clear while a chunk is handed over and not yet handled
+        self._idle.set()
         self.failing = False  # failed, and not started again since (its database away, say)
         self._chunks: asyncio.Queue[Chunk] = asyncio.Queue()
         self._suspects: dict[int, Exception] = {}  # PartitionWorker.suspects, across its starts
@@ -74,6 +75,21 @@ class InputPartition:
         if worker is not None and (worker.next_offset is not None or self.running):
             self._committed = worker.next_offset or 0
         return self._committed
+
+    @property
+    def busy(self) -> bool:
+        return not self._idle.is_set()
+
+    @busy.setter
+    def busy(self, busy: bool) -> None:
+        if busy:
+            self._idle.clear()
+        else:
+            self._idle.set()
+
+    async def idle(self) -> None:
+        """Returns once no chunk is in hand: handled (and committed), or given up."""
+        await self._idle.wait()
 
     def hand_over(self, chunk: Chunk) -> None:
         self.busy = True
@@ -275,11 +291,23 @@ class SubscriptionRunner:
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
+            if stop.is_set():
+                await self._finish_chunks(self.settings.subscriber.stop_grace_s)
             await self._revoke(set(self.partitions))
             await stop_consumer(consumer)
             self._consumer = None
             self._open = False
             await self.stores.close()
+
+    async def _finish_chunks(self, grace_s: float) -> None:
+        """On a stop: the chunks in hand go on to their commit, for `grace_s` at most, rather
+        than be given up for the partition's next owner to handle all over again."""
+        busy = [p for p in self.partitions.values() if p.busy and p.running]
+        if not busy:
+            return
+        log.info("%s: stopping once the %d chunks in hand are committed (%.0fs at most)", self.subscription.name, len(busy), grace_s)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.gather(*(p.idle() for p in busy)), grace_s)
 
     async def _open_stores(self, consumer: AIOKafkaConsumer, stop: asyncio.Event) -> bool:
         """Opens the stores, waiting for a database handler's database that does not answer
