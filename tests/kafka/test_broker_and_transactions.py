@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import subprocess
@@ -197,7 +198,7 @@ def test_esk_clients_never_make_a_topic_the_broker_would_make_on_its_own(tmp_pat
         embedded.stop()
 
 
-def test_broker_restart_keeps_data_and_status_follows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_broker_restart_keeps_data_and_status_follows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     # a cluster id that starts with "-" (1 in 64 random ids) must not read as an option
     leading_dash = uuid.UUID(bytes=b"\xf8" + bytes(15))
     monkeypatch.setattr("esk.broker.embedded.uuid.uuid4", lambda: leading_dash)
@@ -210,8 +211,12 @@ def test_broker_restart_keeps_data_and_status_follows(tmp_path: Path, monkeypatc
         topic = TopicNames("restart").commands
         asyncio.run(ensure_topics(settings, topic_specs(settings, [])))
         # a new broker's group and transaction coordinators waited for (as `topics init`
-        # does), then answering at the first request: no member logs errors until they are
-        assert asyncio.run(coordinators_ready(settings)) is None
+        # does), then answering at the first request: no member logs errors until they are;
+        # nor does the wait, which expects them not to answer at first
+        with caplog.at_level(logging.DEBUG, logger="esk.kafka.admin"):
+            assert asyncio.run(coordinators_ready(settings)) is None
+        waited = [r for r in caplog.records if "admin request failed" in r.getMessage()]
+        assert waited and all(r.levelno == logging.DEBUG for r in waited), [(r.levelname, r.getMessage()) for r in waited]
         assert asyncio.run(_coordinators(settings, "restart.processor")) == [1, 1]
 
         async def produce() -> None:

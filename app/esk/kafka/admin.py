@@ -25,9 +25,10 @@ T = TypeVar("T")
 RETRY_PAUSE_S = 0.2
 
 
-async def retry_while_brokers_fail(operation: Callable[[], Awaitable[T]], timeout_s: float = 60.0) -> T:
+async def retry_while_brokers_fail(operation: Callable[[], Awaitable[T]], timeout_s: float = 60.0, expected: bool = False) -> T:
     """`operation()` (one admin request, or a few), asked again while it fails for want of
-    a broker (`errors.broker_away`), for up to `timeout_s`."""
+    a broker (`errors.broker_away`), for up to `timeout_s`; `expected`: such a failure is
+    what the caller waits out (a new cluster's coordinators), not news."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     told = False
@@ -38,6 +39,6 @@ async def retry_while_brokers_fail(operation: Callable[[], Awaitable[T]], timeou
             if not broker_away(error) or loop.time() > deadline:
                 raise
             # once: a cluster without a quorum fails it five times a second for the whole wait
-            log.log(logging.DEBUG if told else logging.INFO, "admin request failed (%r); asking again for up to %.0f s", error, timeout_s)
+            log.log(logging.DEBUG if told or expected else logging.INFO, "admin request failed (%r); asking again for up to %.0f s", error, timeout_s)
             told = True
         await asyncio.sleep(RETRY_PAUSE_S)

@@ -171,7 +171,7 @@ async def coordinators_ready(settings: Settings, timeout_s: float = 30.0) -> Exc
     await admin.start()
     try:
         for key, coordinator_type in keys:
-            await retry_while_brokers_fail(functools.partial(admin.find_coordinator, key, coordinator_type), timeout_s)
+            await retry_while_brokers_fail(functools.partial(admin.find_coordinator, key, coordinator_type), timeout_s, expected=True)
     except (KafkaError, TimeoutError) as error:
         return error
     finally:
