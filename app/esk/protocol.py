@@ -69,6 +69,12 @@ EXPIRY_PREFIX = b"x/"
 _EXPIRY_DIGITS = 15  # milliseconds, zero-padded so that keys sort by time
 
 
+def position(topic: str, partition: int, offset: int) -> str:
+    """A record's place, as esk names one everywhere: in logs and errors, a parked entry,
+    the `after` token of a read."""
+    return f"{topic}/{partition}/{offset}"
+
+
 def position_key(partition: int) -> bytes:
     """A task's input position: the next commands offset to handle, as of the transaction
     that wrote it (the value is the offset in ASCII digits)."""

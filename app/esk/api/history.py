@@ -29,7 +29,7 @@ from ..kafka.metadata import topic_partitions
 from ..kafka.topics import TopicNames
 from ..metrics import HISTORY_POSITION
 from ..projections.positions import Positions
-from ..protocol import DecodeError, EventRecord, history_key, history_prefix, prefix_end
+from ..protocol import DecodeError, EventRecord, history_key, history_prefix, position, prefix_end
 from ..registry import Registry
 from ..settings import Settings
 from ..state.resources import StoreResources
@@ -61,7 +61,7 @@ def history_updates(store: StateStore, batches: Batches, offsets: Offsets) -> di
                 event = EventRecord.decode(record.value)
                 key = history_key(event.aggregate_type, event.aggregate_id, event.version)
             except (DecodeError, OverflowError) as error:  # not written by esk: nothing to show
-                log.warning("history index: %s/%d/%d left out (%s)", tp.topic, tp.partition, record.offset, error)
+                log.warning("history index: %s left out (%s)", position(tp.topic, tp.partition, record.offset), error)
                 continue
             decoded.append((key, record.value, event))
     earlier = store.get_many([key for key, _, event in decoded if event.version == 1])

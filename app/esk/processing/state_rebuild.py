@@ -34,7 +34,7 @@ from ..kafka.reader import read_committed
 from ..kafka.stopping import stop_consumer
 from ..kafka.topics import TopicNames
 from ..metrics import REBUILD_EVENTS, REBUILT_AGGREGATES, UNUSABLE_AGGREGATES
-from ..protocol import AGGREGATE_PREFIX, EventRecord, StoredAggregate, aggregate_key
+from ..protocol import AGGREGATE_PREFIX, EventRecord, StoredAggregate, aggregate_key, position
 from ..registry import Registry
 from ..settings import Settings
 from ..state.restore import RestoreProgress
@@ -146,7 +146,7 @@ def _fold_records(registry: Registry, aggregate_type: str, folds: dict[str, _Fol
         fold = folds.get(record.key.decode()) if record.key is not None else None
         if fold is None or fold.error is not None:
             continue
-        at = f"at {record.topic}/{record.partition}/{record.offset}"
+        at = f"at {position(record.topic, record.partition, record.offset)}"
         try:
             event = EventRecord.decode(record.value)
             if event.version != fold.version + 1:

@@ -46,6 +46,7 @@ from ..protocol import (
     expiry_key,
     now_ms,
     parse_expiry_key,
+    position,
     position_key,
 )
 from ..registry import Registry
@@ -297,7 +298,7 @@ class StreamTask:
         self._open.outputs.append(Output(topic, key, value, partition, headers))
 
     def _dead_letter(self, record: ConsumerRecord[bytes, bytes], reason: str) -> None:
-        log.warning("%s/%d/%d to the DLQ: %s", record.topic, record.partition, record.offset, reason)
+        log.warning("%s to the DLQ: %s", position(record.topic, record.partition, record.offset), reason)
         DLQ_RECORDS.labels(record.topic).inc()
         headers = [
             ("esk-dlq-reason", reason.encode()[:1000]),
@@ -315,9 +316,9 @@ class StreamTask:
         batch, self._open = self._open, Batch(self.next_offset)
         batch.writes = self.overlay.seal()
         batch.end_offset = self.next_offset
-        key, position = position_key(self.partition), str(batch.end_offset).encode()
-        batch.writes[key] = position
-        batch.outputs.append(Output(self.topics.changelog, key, position, self.partition))
+        key, resume_at = position_key(self.partition), str(batch.end_offset).encode()
+        batch.writes[key] = resume_at
+        batch.outputs.append(Output(self.topics.changelog, key, resume_at, self.partition))
         return batch
 
     def committed(self, batch: Batch, written: dict[TopicPartition, int]) -> None:

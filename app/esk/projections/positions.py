@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..protocol import position
 from .catalog import Tables
 
 TopicPartitionKey = tuple[str, int]
@@ -35,7 +36,7 @@ class Position:
 
     def token(self) -> str:
         """`<topic>/<partition>/<offset>`: how a client hands a position back."""
-        return f"{self.topic}/{self.partition}/{self.offset}"
+        return position(self.topic, self.partition, self.offset)
 
     @classmethod
     def parse(cls, token: str) -> Position:

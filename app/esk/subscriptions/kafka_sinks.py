@@ -17,10 +17,11 @@ from aiokafka.errors import CommitFailedError, IllegalStateError, ProducerFenced
 from .. import tracing
 from ..processing.record_collector import Output
 from ..processing.streams_producer import StreamsProducer
+from ..protocol import position
 from ..settings import Settings
 from .api import AnySubscription
 from .parked_topic import ParkedTopic, parked_key
-from .parking import ParkedEvent, position
+from .parking import ParkedEvent
 from .routing import Delivery, Router, call_handler, command_envelope, reactor_commands
 from .sinks import Fenced, PartitionSink, StartingPoint, Unit
 

@@ -18,7 +18,7 @@ import msgspec
 from aiokafka.structs import ConsumerRecord
 
 from ..domain.aggregate import NewerSchemaVersion
-from ..protocol import now_ms
+from ..protocol import now_ms, position
 
 T = TypeVar("T")
 
@@ -171,11 +171,6 @@ def park_status(value: str) -> ParkStatus:
 
 _ENCODER = msgspec.json.Encoder()
 _DECODER = msgspec.json.Decoder(ParkedEvent)
-
-
-def position(topic: str, partition: int, offset: int) -> str:
-    """An input event's place, which names its parked entry."""
-    return f"{topic}/{partition}/{offset}"
 
 
 def aggregate_key(record: ConsumerRecord[bytes, bytes]) -> str:
