@@ -227,9 +227,11 @@ class SubscriberSettings(BaseModel):
     fetch_max_wait_ms: int = Field(default=20, ge=0)
     session_timeout_ms: int = 10_000
     max_poll_interval_ms: int = 300_000
-    # On SIGTERM, how long the chunks in hand may go on to their commit; one still running
-    # then is given up uncommitted, for the partition's next owner to handle again. Keep it
-    # under the pod's terminationGracePeriodSeconds (and esk dev's 30 s stop).
+    # On SIGTERM, and when a rebalance takes partitions away, how long the chunks in hand may
+    # go on to their commit; one still running then is given up uncommitted, for the
+    # partition's next owner to handle again. Keep it under the pod's
+    # terminationGracePeriodSeconds (and esk dev's 30 s stop), and well under
+    # max_poll_interval_ms: a rebalance waits for this member meanwhile.
     stop_grace_s: float = Field(default=20.0, ge=0)
     # Prometheus metrics, /healthz and /readyz of `esk subscriber` (None, in code alone: no
     # such server); `esk dev` gives each subscription's process the next port.

@@ -49,6 +49,9 @@ DATABASE_WAIT_S = 5.0  # between tries to reach a database handler's database at
 IDLE_CHECK_S = 1.0
 PARKED_REPORT_S = 10.0  # how often the subscriber reads how many events its partitions hold parked
 LAG_REPORT_S = 2.0  # how often it asks the brokers for its partitions' ends (esk_subscription_lag)
+CANCEL_AGAIN_S = 1.0  # a partition's task still running this long after a cancellation is cancelled again
+CANCEL_TRIES = 10
+_LEFT_TO_ITSELF: set[asyncio.Task[None]] = set()  # tasks that outlasted every cancellation, held until they end
 
 
 class InputPartition:
@@ -97,7 +100,24 @@ class InputPartition:
         self._chunks.put_nowait(chunk)
 
     async def stop(self) -> None:
-        self._task.cancel()
+        """Cancels its task, and again while it goes on: a handler may swallow a cancellation
+        (Python 3.11's `asyncio.wait_for` does, when what it waits for ends at that moment; so
+        does an `except BaseException`), and a stop or a rebalance must not wait for it for
+        ever. One that outlasts every try is left to itself: its commit is fenced, as a
+        frozen member's is."""
+        for _ in range(CANCEL_TRIES):
+            self._task.cancel()
+            await asyncio.wait({self._task}, timeout=CANCEL_AGAIN_S)
+            if self._task.done():
+                break
+            log.warning("%s: %s/%s went on after it was cancelled (its handler swallowed the cancellation?): cancelled again",
+                        self.runner.subscription.name, self.tp.topic, self.tp.partition)
+        else:
+            log.error("%s: %s/%s goes on after %d cancellations: left to itself, its commit fenced",
+                      self.runner.subscription.name, self.tp.topic, self.tp.partition, CANCEL_TRIES)
+            _LEFT_TO_ITSELF.add(self._task)
+            self._task.add_done_callback(_LEFT_TO_ITSELF.discard)
+            return
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
 
@@ -292,20 +312,23 @@ class SubscriptionRunner:
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
             if stop.is_set():
-                await self._finish_chunks(self.settings.subscriber.stop_grace_s)
+                await self._finish_chunks(list(self.partitions.values()), "stopping")
             await self._revoke(set(self.partitions))
             await stop_consumer(consumer)
             self._consumer = None
             self._open = False
             await self.stores.close()
 
-    async def _finish_chunks(self, grace_s: float) -> None:
-        """On a stop: the chunks in hand go on to their commit, for `grace_s` at most, rather
-        than be given up for the partition's next owner to handle all over again."""
-        busy = [p for p in self.partitions.values() if p.busy and p.running]
+    async def _finish_chunks(self, partitions: list[InputPartition], why: str) -> None:
+        """The chunks in hand go on to their commit, for the stop grace at most, rather than be
+        given up for the partitions' next owner to handle all over again: on a stop, and when a
+        rebalance takes partitions away (their offsets still commit then: the group waits for
+        this member to rejoin)."""
+        busy = [p for p in partitions if p.busy and p.running]
         if not busy:
             return
-        log.info("%s: stopping once the %d chunks in hand are committed (%.0fs at most)", self.subscription.name, len(busy), grace_s)
+        grace_s = self.settings.subscriber.stop_grace_s
+        log.info("%s: %s once the %d chunks in hand are committed (%.0fs at most)", self.subscription.name, why, len(busy), grace_s)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.gather(*(p.idle() for p in busy)), grace_s)
 
@@ -408,7 +431,9 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka sh
         self.runner = runner
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        await self.runner._revoke(revoked)
+        runner = self.runner
+        await runner._finish_chunks([p for tp, p in runner.partitions.items() if tp in revoked], "giving partitions up")
+        await runner._revoke(revoked)
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         await self.runner._assign(assigned)
