@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sqlite3
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ from esk.subscriptions.operations import SubscriptionOperations
 from esk.subscriptions.stores import group_id
 from esk.subscriptions.worker import PASSED_AGAIN
 from tests.subscriptions.running import subscriber, subscriber_settings
-from tests.system import system, wait_for
+from tests.system import System, system, wait_for
 
 pytestmark = pytest.mark.kafka
 
@@ -108,6 +109,17 @@ async def add_line(client: httpx.AsyncClient, order_id: str) -> None:
     assert r.status_code == 200, r.text
 
 
+@asynccontextmanager
+async def _bad_order(settings: Settings, recorder: Recorder, lines: int) -> AsyncIterator[tuple[System, SubscriptionOperations]]:
+    """The system up, holding order "bad" placed with `lines` lines added: the events the
+    recorder's handler refuses."""
+    async with system(settings) as running:
+        await place(running.client, "bad")
+        for _ in range(lines):
+            await add_line(running.client, "bad")
+        yield running, SubscriptionOperations(settings, recorder.subscription, running.registry)
+
+
 @pytest.mark.parametrize("kind", ["database", "postgres", "reactor", "side_effect"])
 async def test_a_failing_aggregate_is_parked_in_order_and_retried_in_order(
     settings: Settings, tmp_path: Path, kind: str, request: pytest.FixtureRequest
@@ -162,10 +174,7 @@ async def test_a_retry_whose_unit_cannot_write_again_what_it_undid_leaves_the_ev
     command with the unit's error, a review's find)."""
     settings = subscriber_settings(settings, tmp_path / "subscriptions")
     recorder = Recorder("database")
-    async with system(settings) as running:
-        await place(running.client, "bad")
-        await add_line(running.client, "bad")
-        operations = SubscriptionOperations(settings, recorder.subscription, running.registry)
+    async with _bad_order(settings, recorder, lines=1) as (running, operations):
         async with subscriber(settings, recorder.subscription, running.registry) as member:
             await member.caught_up()
             before = await operations.parked()
@@ -195,11 +204,7 @@ async def test_a_skip_drops_the_event_that_failed_and_handles_those_that_waited_
     asyncio.get_running_loop().set_exception_handler(told_fences_quiet)
     settings = subscriber_settings(settings, tmp_path / "subscriptions")
     recorder = Recorder(kind)
-    async with system(settings) as running:
-        await place(running.client, "bad")
-        await add_line(running.client, "bad")
-        await add_line(running.client, "bad")
-        operations = SubscriptionOperations(settings, recorder.subscription, running.registry)
+    async with _bad_order(settings, recorder, lines=2) as (running, operations):
         async with subscriber(settings, recorder.subscription, running.registry) as member:
             await member.caught_up()
             parked = await operations.parked()
