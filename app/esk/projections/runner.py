@@ -542,7 +542,11 @@ def _keep(
                     upcast_kept.count()
                     events = upcast_kept
                     kept.unpersist()  # the upcast cache is built: it no longer needs this one
-                return count, apply(events, writer) if count else 0
+                # Spark's lines about a failed task (a JVM stack trace, twice) are not
+                # written: an event's failure is told by `park`, in the read model's terms,
+                # and any other by the query's failure, traces and all.
+                with task_failures_untold(spark, writes=True):
+                    return count, apply(events, writer) if count else 0
             except Exception as error:
                 if upcast_kept is not None and events is not upcast_kept:
                     # The upcasting failed as its cache was built. Spark would take that cache
@@ -627,7 +631,8 @@ def _keep(
         kind = _failure_kind(error)
         if not settings.projections.park_failing_events or not writer.events or kind is None or writer.written:
             raise error
-        log.warning(f"{name} g{generation} batch {batch_id} failed ({_in_a_line(error)}): looking for the event that fails it")
+        log.warning(f"{name} g{generation} batch {batch_id} failed ({_in_a_line(error)}): looking for the event that fails it"
+                    f"{_told_in_full(error)}")
 
         def fails(part: DataFrame) -> Failure | None:
             """Why `part` fails, as the batch did or as another event's failure (a batch may
@@ -857,6 +862,19 @@ def _in_a_line(error: BaseException) -> str:
         causes = [line.strip().removeprefix("Caused by: ") for line in lines if line.strip().startswith("Caused by: ")]
         return f"{told} ({_first_line(causes[-1])})" if MALFORMED_RECORD in told and causes else told
     return f"{type(error).__name__}: {_first_line(text)}" if lines else type(error).__name__
+
+
+def _told_in_full(error: BaseException) -> str:
+    """What a reader of the read model's code needs of a batch's failure beyond its line
+    (`_in_a_line`), as the lines after it: a Python UDF's traceback (PySpark keeps the UDF's
+    own frames), or the DataFrame call in which Spark says the value failed. Never the JVM's
+    stack frames, which name Spark's code alone."""
+    text = str(error).strip()
+    start = text.rfind("Traceback (most recent call last)")
+    if start >= 0:
+        return "\n" + text[start:]
+    context = re.search(r"^== (?:DataFrame|SQL\b[^=\n]*) ==$.*?(?=\n\s*\n|\Z)", text, re.M | re.S)
+    return "\n" + context.group(0) if context else ""
 
 
 def _failure_kind(error: BaseException) -> tuple[str, str | None] | None:

@@ -172,12 +172,13 @@ _UNTOLD = _Untold()
 @contextmanager
 def task_failures_untold(spark: SparkSession, writes: bool = False) -> Iterator[None]:
     """Spark's lines about failed tasks (TASK_FAILURE_LOGGERS; with `writes`, about the
-    writes they abort as well) are not written while inside: a read model's probes for a
-    failed batch's event fail a job each on purpose, a hundred lines each, after the
-    batch's own failure has been told in full; a batch's first attempt fails its job on
-    purpose at an event of another schema version (the runner's versions guard). The
-    loggers are the JVM's: another read model's task that fails meanwhile is told by its
-    query's failure, or by its batch's next attempt."""
+    writes they abort as well: a JVM stack trace of Spark's code, twice a task) are not
+    written while inside a batch's attempts: esk tells a batch's failure at an event in the
+    read model's terms (the runner's `park`), and any other failure ends the query, which
+    Spark tells with its traces; a read model's probes for a failed batch's event fail a
+    job each on purpose; a batch's first attempt fails its job on purpose at an event of
+    another schema version (the runner's versions guard). The loggers are the JVM's: another
+    read model's task that fails meanwhile is told by its own batch's attempts the same way."""
     turn_on = loggers_off(spark, TASK_FAILURE_LOGGERS + (WRITE_ABORT_LOGGERS if writes else ()))
     try:
         yield
