@@ -177,6 +177,24 @@ async def test_a_postgresql_session_ended_between_transactions_is_replaced_at_th
     await other.close()
 
 
+async def test_a_transaction_left_open_by_a_rollback_cut_short_is_not_carried_into_the_next(postgres_dsn: str) -> None:
+    """A stopped partition's task cancelled once more as it rolled back leaves its
+    transaction open on the shared connection: the next unit's BEGIN would only warn, and
+    commit what the lost unit wrote."""
+    database = PostgresDatabase(postgres_dsn)
+    await database.open()
+    async with database.transaction() as tx:
+        await tx.sql.execute("CREATE TABLE IF NOT EXISTS cut_short (written TEXT)")
+    lost = await database.begin()
+    await lost.sql.execute("INSERT INTO cut_short VALUES ('by the unit that was lost')")
+    lost._end()  # as a rollback cut short leaves it: the lock released, the transaction open
+    async with database.transaction() as tx:
+        await tx.sql.execute("INSERT INTO cut_short VALUES ('by the next unit')")
+    async with database.transaction() as tx:
+        assert await tx.sql.fetchall("SELECT written FROM cut_short") == [("by the next unit",)]
+    await database.close()
+
+
 class _LostConnection:
     """A connection whose server is gone: every statement fails, and it knows it is closed."""
 

@@ -49,8 +49,11 @@ DATABASE_WAIT_S = 5.0  # between tries to reach a database handler's database at
 IDLE_CHECK_S = 1.0
 PARKED_REPORT_S = 10.0  # how often the subscriber reads how many events its partitions hold parked
 LAG_REPORT_S = 2.0  # how often it asks the brokers for its partitions' ends (esk_subscription_lag)
-CANCEL_AGAIN_S = 1.0  # a partition's task still running this long after a cancellation is cancelled again
-CANCEL_TRIES = 10
+# A partition's task still running this long after a cancellation is cancelled again:
+# longer than a unit's abort takes (a rollback, a transaction's abort), which a second
+# cancellation would cut short.
+CANCEL_AGAIN_S = 5.0
+CANCEL_TRIES = 6
 _LEFT_TO_ITSELF: set[asyncio.Task[None]] = set()  # tasks that outlasted every cancellation, held until they end
 
 
