@@ -4,6 +4,7 @@ project. No Kafka."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import enum
 import os
@@ -15,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from pydantic import BaseModel, Field
@@ -23,7 +25,7 @@ from esk import AggregateType, Command, Event
 from esk.registry import Registry, load_registry
 from esk.schema.check import Finding, Severity, check
 from esk.schema.examples import from_schema
-from esk.schema.lock import LockError, build_lock, dumps, read_lock, write_lock
+from esk.schema.lock import Lock, LockError, build_lock, dumps, read_lock, write_lock
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -405,6 +407,16 @@ def test_a_changed_state_is_information_only() -> None:
 
     finding = only(Severity.INFO, check(wallets(state=Wallet), LOCKED))
     assert str(finding) == "wallets state changed: stored aggregates will be rebuilt from their events (`frozen`)"
+
+
+def test_a_raised_state_version_is_information_and_locked_only_once_raised() -> None:
+    raised = {"wallets": dataclasses.replace(wallets()["wallets"], state_version=2)}
+    finding = only(Severity.INFO, check(raised, LOCKED))
+    assert str(finding) == "wallets state_version 1 -> 2: stored aggregates will be rebuilt from their events"
+    assert check(raised, build_lock(raised)) == []
+    # a lock of state_version 1 reads as esk's locks before it held one
+    assert "state_version" not in dumps(LOCKED) and '"state_version": 2' in dumps(build_lock(raised))
+    assert check(raised, msgspec.json.decode(dumps(build_lock(raised)), type=Lock)) == []
 
 
 def test_a_removed_aggregate_type_is_breaking_and_a_new_one_compatible() -> None:

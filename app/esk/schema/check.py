@@ -265,3 +265,8 @@ def _state(aggregate: str, locked: LockedAggregate, now: LockedAggregate) -> Ite
             Severity.INFO, aggregate, "state", aggregate, ", ".join(sorted({c.path for c in changed})),
             f"{aggregate} state changed: stored aggregates will be rebuilt from their events" + (f" ({fields})" if fields else ""),
         )
+    if now.state_version != locked.state_version:
+        yield Finding(
+            Severity.INFO, aggregate, "state", aggregate, "state_version",
+            f"{aggregate} state_version {locked.state_version} -> {now.state_version}: stored aggregates will be rebuilt from their events",
+        )

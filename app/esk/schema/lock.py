@@ -44,10 +44,13 @@ class LockedEvent(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         return {v: held[v] for v in sorted(held) if v < version}
 
 
-class LockedAggregate(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class LockedAggregate(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     commands: dict[str, JsonSchema]
     events: dict[str, LockedEvent]
     state: JsonSchema
+    # Written once raised: a lock of an aggregate type that never raised it reads the same
+    # as those of esk releases before it was locked.
+    state_version: int = 1
 
 
 class Lock(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -118,4 +121,5 @@ def _lock_aggregate(aggregate: AggregateType[Any], previous: LockedAggregate | N
         commands={name: json_schema(command) for name, command in aggregate.commands.items()},
         events=events,
         state=json_schema(aggregate.state),
+        state_version=aggregate.state_version,
     )
