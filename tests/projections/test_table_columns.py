@@ -69,7 +69,7 @@ def test_a_read_generation_of_other_columns_is_refused_with_what_changed(tmp_pat
     # what `esk project run` and the spark-submit job say, with the way out
     assert str(RunFailed("orders", refused.value)) == (
         f"orders: {message}: rebuild that read model alone (`esk project run orders --rebuild`, or the spark-submit job with "
-        "`orders --rebuild`), which builds its table again from the events, as a continuous run does on its own"
+        "`orders --rebuild`), which builds its table again from the events, as a continuous run (`esk dev`'s among them) does on its own"
     )
     dropped = declared(types.StructField("order_id", types.StringType()), types.StructField("total", types.LongType()))
     with pytest.raises(ReadModelChanged, match="lines is gone"):

@@ -323,7 +323,7 @@ async def test_a_command_sent_to_an_aggregate_type_that_does_not_take_it_parks_i
     run = await run_subscription(sub, [("o1", placed())], retries=Retries(attempts=3, first_delay_s=0.01))
     assert run.commands == [] and [p.attempts for p in run.parked] == [1]
     assert run.parked[0].reason == (
-        "HandlerMistake: it sends Withdraw to orders, whose commands are Place, AddLine, Ship, Cancel, Delete"
+        "HandlerMistake: it sends Withdraw to orders, whose commands are Place (place), AddLine (add-line), Ship (ship), Cancel (cancel), Delete (delete)"
     )
 
 

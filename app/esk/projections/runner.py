@@ -814,7 +814,7 @@ class RunFailed(Exception):
             message = (
                 f"{name}: {error}: rebuild that read model alone (`esk project run {name} --rebuild`, or the "
                 f"spark-submit job with `{name} --rebuild`), which builds its table again from the events, "
-                "as a continuous run does on its own"
+                "as a continuous run (`esk dev`'s among them) does on its own"
             )
         elif _kafka_away(error):
             message = f"{name} failed: no Kafka broker answered ({_kafka_cause(str(error))})"

@@ -92,7 +92,9 @@ class CommandOutcome:
     version: int
     code: str | None
     detail: str | None
-    origin: Origin | None  # the event the command was derived from (None: not derived by esk)
+    # The event the command was sent for. None only for an id under the subscription's
+    # prefix that names no event: one that code other than esk's made up.
+    origin: Origin | None
 
     @property
     def accepted(self) -> bool:

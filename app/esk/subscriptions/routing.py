@@ -266,7 +266,7 @@ async def reactor_commands(
         if type(send.command) not in aggregate_type.commands.values():
             raise HandlerMistake(
                 f"it sends {type(send.command).__name__} to {aggregate_type.name}, whose commands are "
-                f"{', '.join(c.__name__ for c in aggregate_type.commands.values())}"
+                f"{', '.join(f'{c.__name__} ({name})' for name, c in aggregate_type.commands.items())}"
             )
         # the processor would answer it unknown_aggregate_type, which no one reads
         if registry is not None and aggregate_type.name not in registry:
