@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,18 @@ def revoke_times(processes: list[EskProcess]) -> list[float]:
     return [float(m) for p in processes if p.log_path.exists() for m in pattern.findall(p.log_text())]
 
 
+def _joins(processor: EskProcess) -> Callable[[], None]:
+    """A step that starts `processor` and returns once it owns a partition: on a slow machine
+    a member could otherwise leave again before its first partition was ready."""
+
+    def step() -> None:
+        owned = processor.log_text().count("ready at offset") if processor.log_path.exists() else 0
+        processor.start()
+        wait_until(lambda: processor.log_text().count("ready at offset") > owned, 120, f"{processor.name} to own a partition")
+
+    return step
+
+
 async def test_processors_joining_and_leaving_under_load_lose_and_duplicate_nothing(
     settings: Settings, tmp_path: Path
 ) -> None:
@@ -46,7 +59,7 @@ async def test_processors_joining_and_leaving_under_load_lose_and_duplicate_noth
         await asyncio.to_thread(wait_until, lambda: api_ready(api_url), 60, "API ready")
         load = Load(api_url, [f"acc-{n}" for n in range(30)], rate=60, seed=7)
         driving = asyncio.create_task(load.run())
-        steps = [p1.start, p2.start, p0.stop, p0.start, p1.stop, p2.stop]
+        steps = [_joins(p1), _joins(p2), p0.stop, _joins(p0), p1.stop, p2.stop]
         for step in steps:  # join, join, leave, rejoin, leave, leave: one owner left at the end
             await asyncio.sleep(4)
             await asyncio.to_thread(step)
