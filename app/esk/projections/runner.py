@@ -845,9 +845,9 @@ def _in_a_line(error: BaseException) -> str:
     its foreachBatch function's), with the read model's own exception at the end of a
     Python traceback inside: that exception, and where Spark says the query failed."""
     text = str(error).strip()
-    start = text.rfind("Traceback (most recent call last)")
-    if start >= 0:
-        raised = [line for line in text[start:].splitlines()[1:] if line and not line[0].isspace()]
+    traceback = _last_traceback(text)
+    if traceback is not None:
+        raised = [line for line in traceback.splitlines()[1:] if line and not line[0].isspace()]
         if raised:
             # The first line may point at a stack trace that a line of its own leaves out.
             where = text.splitlines()[0].replace(" Please see the stack trace below.", "")
@@ -864,15 +864,22 @@ def _in_a_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {_first_line(text)}" if lines else type(error).__name__
 
 
+def _last_traceback(text: str) -> str | None:
+    """The last Python traceback in a Spark error's text, to its end (a UDF's exception,
+    or the batch function's inside a query's failure); None when it holds none."""
+    start = text.rfind("Traceback (most recent call last)")
+    return text[start:] if start >= 0 else None
+
+
 def _told_in_full(error: BaseException) -> str:
     """What a reader of the read model's code needs of a batch's failure beyond its line
     (`_in_a_line`), as the lines after it: a Python UDF's traceback (PySpark keeps the UDF's
     own frames), or the DataFrame call in which Spark says the value failed. Never the JVM's
     stack frames, which name Spark's code alone."""
     text = str(error).strip()
-    start = text.rfind("Traceback (most recent call last)")
-    if start >= 0:
-        return "\n" + text[start:]
+    traceback = _last_traceback(text)
+    if traceback is not None:
+        return "\n" + traceback
     context = re.search(r"^== (?:DataFrame|SQL\b[^=\n]*) ==$.*?(?=\n\s*\n|\Z)", text, re.M | re.S)
     return "\n" + context.group(0) if context else ""
 
