@@ -244,11 +244,11 @@ class PostgresDatabase(Database):
         replaced = False
         while True:
             connection = await self._connected()
-            # A transaction left open (its ROLLBACK cut short: a stopped partition's task
-            # cancelled once more as it rolled back) is not carried into this one: BEGIN
-            # inside it would only warn, and this unit would commit what that one wrote.
-            await _roll_back_if_begun(connection)
             try:
+                # A transaction left open (its ROLLBACK cut short: a stopped partition's task
+                # cancelled once more as it rolled back) is not carried into this one: BEGIN
+                # inside it would only warn, and this unit would commit what that one wrote.
+                await _roll_back_if_begun(connection)
                 await _finish(connection.execute(begin))
                 return connection
             except Exception:

@@ -314,26 +314,26 @@ class SubscriptionRunner:
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
-            if stop.is_set():
-                await self._finish_chunks(list(self.partitions.values()), "stopping")
-            await self._revoke(set(self.partitions))
+            # Only a stop waits for the chunks in hand: a failure ends the run at once, and the
+            # next run starts from the committed positions.
+            await self._give_up(set(self.partitions), "stopping" if stop.is_set() else None)
             await stop_consumer(consumer)
             self._consumer = None
             self._open = False
             await self.stores.close()
 
-    async def _finish_chunks(self, partitions: list[InputPartition], why: str) -> None:
-        """The chunks in hand go on to their commit, for the stop grace at most, rather than be
-        given up for the partitions' next owner to handle all over again: on a stop, and when a
-        rebalance takes partitions away (their offsets still commit then: the group waits for
-        this member to rejoin)."""
-        busy = [p for p in partitions if p.busy and p.running]
-        if not busy:
-            return
-        grace_s = self.settings.subscriber.stop_grace_s
-        log.info("%s: %s once the %d chunks in hand are committed (%.0fs at most)", self.subscription.name, why, len(busy), grace_s)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.gather(*(p.idle() for p in busy)), grace_s)
+    async def _give_up(self, partitions: set[TopicPartition], why: str | None) -> None:
+        """Stops the partitions' workers. Given a `why`, their chunks in hand go on to their
+        commit first, for the stop grace at most, rather than be given up for the partitions'
+        next owner to handle all over again: on a stop, and when a rebalance takes partitions
+        away (their offsets still commit then: the group waits for this member to rejoin)."""
+        busy = [p for tp, p in self.partitions.items() if tp in partitions and p.busy and p.running]
+        if why is not None and busy:
+            grace_s = self.settings.subscriber.stop_grace_s
+            log.info("%s: %s once the %d chunks in hand are committed (%.0fs at most)", self.subscription.name, why, len(busy), grace_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.gather(*(p.idle() for p in busy)), grace_s)
+        await self._revoke(partitions)
 
     async def _open_stores(self, consumer: AIOKafkaConsumer, stop: asyncio.Event) -> bool:
         """Opens the stores, waiting for a database handler's database that does not answer
@@ -434,9 +434,7 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka sh
         self.runner = runner
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        runner = self.runner
-        await runner._finish_chunks([p for tp, p in runner.partitions.items() if tp in revoked], "giving partitions up")
-        await runner._revoke(revoked)
+        await self.runner._give_up(revoked, "giving partitions up")
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         await self.runner._assign(assigned)
