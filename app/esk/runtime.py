@@ -345,13 +345,13 @@ def run_dev(settings: Settings, subscriptions: list[str], read_models: bool = Fa
             named[f"the subscriber of {name}"] = _spawn([*ESK, "subscriber", name], {**env, **port})
         children = list(named.values())
         driver = RestartedChild([*ESK, "project", "run", "--all", "--continuous", "--leave-out-invalid"], env, "the read models' driver") if read_models else None
-        code = 0
+        ended = ""  # why esk dev ends on its own: told again as its last line, below the others' stop
         try:
             while not stop.asked.wait(0.5):
                 if exited := [(what, child) for what, child in named.items() if child.poll() is not None]:
                     what, child = exited[0]
-                    log.error("%s (pid %d) exited (%s); stopping the others", what, child.pid, _exit_status(child.returncode))
-                    code = 1
+                    ended = f"{what} (pid {child.pid}) exited ({_exit_status(child.returncode)})"
+                    log.error("%s; stopping the others", ended)
                     break
                 if driver is not None:
                     driver.watch()
@@ -359,7 +359,10 @@ def run_dev(settings: Settings, subscriptions: list[str], read_models: bool = Fa
             if driver is not None and driver.process is not None:
                 children.append(driver.process)
             stop_all(children)
-    return code
+    if ended:
+        log.error("esk dev stopped: %s", ended)
+        return 1
+    return 0
 
 
 def _exit_status(code: int) -> str:

@@ -414,11 +414,14 @@ def test_a_user_project_runs_its_own_domain_with_esk_dev(
             rules.write_text(working)
             wait_until(lambda: answers(f"{api}/v1/tickets/t1", lambda r: r.status_code == 200), "the mended code runs", dev, log, 90)
 
-        # a process that dies is named, and the others are stopped
+        # a process that dies is named, the others are stopped, and the cause is told again
+        # once they have (their own lines of their stop come between)
         (processor,) = [p for p in psutil.Process(dev.pid).children(recursive=True) if p.cmdline()[-1:] == ["processor"]]
         processor.kill()
-        wait_until(lambda: f"the processor (pid {processor.pid}) exited (killed by SIGKILL); stopping the others" in log.read_text(),
-                   "the processor's end is told", dev, log, 30)
+        died = f"the processor (pid {processor.pid}) exited (killed by SIGKILL)"
+        wait_until(lambda: f"esk dev stopped: {died}" in log.read_text(), "the processor's end is told", dev, log, 60)
+        told = log.read_text()
+        assert told.index(f"{died}; stopping the others") < told.index(f"esk dev stopped: {died}")
 
         dev.send_signal(stop_signal)  # the parent alone: it has to stop its children itself
         try:
