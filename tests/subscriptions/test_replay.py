@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import sqlite3
 from datetime import UTC, datetime
 from pathlib import Path
@@ -56,8 +57,11 @@ async def caught_up(operations: SubscriptionOperations) -> bool:
 LEDGER = "SELECT customer_id, orders, total FROM customer_ledger ORDER BY customer_id"
 
 
-async def test_reset_to_earliest_rebuilds_the_same_table_while_the_subscriber_runs(settings: Settings, tmp_path: Path) -> None:
+async def test_reset_to_earliest_rebuilds_the_same_table_while_the_subscriber_runs(
+    settings: Settings, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     settings = subscriber_settings(settings, tmp_path / "subscriptions")
+    caplog.set_level(logging.INFO, logger="esk")
     async with system(settings) as running:
         await orders_for(running.client, [f"o{n}" for n in range(12)])
         ledger_operations = SubscriptionOperations(settings, customer_ledger, running.registry)
@@ -75,6 +79,10 @@ async def test_reset_to_earliest_rebuilds_the_same_table_while_the_subscriber_ru
             await wait_for(lambda: caught_up(ledger_operations), what="the ledger's replay")
             await wait_for(lambda: caught_up(watcher_operations), what="the watcher's replay")
             assert query(settings, "customer_ledger", LEDGER) == before
+            # the members learn of the reset from the fence: an operator's act, told as such
+            fenced = [r for r in caplog.records if "moved under this member" in r.getMessage()]
+            assert fenced, caplog.text
+            assert all(r.levelno == logging.INFO and "from where its offset stands now" in r.getMessage() for r in fenced), caplog.text
 
             await orders_for(running.client, ["o-after"])
             await wait_for(lambda: ("o-after", 2, 0) in query(settings, "watcher", "SELECT * FROM seen"), what="a new order")

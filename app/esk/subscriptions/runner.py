@@ -34,6 +34,7 @@ from ..settings import Settings
 from .api import AnySubscription
 from .parking import PARKED_RESULTS
 from .routing import Router, check_outcome_commands
+from .sinks import Fenced
 from .stores import DatabaseUnreachable, Stores, group_id
 from .worker import FailedWithItsUnit, PartitionWorker
 
@@ -148,7 +149,13 @@ class InputPartition:
                 if isinstance(error, FailedWithItsUnit):
                     self._suspects[error.offset] = error.error
                 delay = RESTART_DELAYS_S[min(failing.tries + 1, len(RESTART_DELAYS_S)) - 1]
-                failing.tell(error, f"{self.runner.subscription.name}: {self.tp.topic}/{self.tp.partition} starts again in {delay:.1f}s after ")
+                where = f"{self.runner.subscription.name}: {self.tp.topic}/{self.tp.partition}"
+                if isinstance(error, Fenced):
+                    # An operator's reset, or the partition's next owner after a rebalance: the
+                    # fence doing its job, not a failure (a start after it reads the offset anew).
+                    log.info("%s starts again in %.1fs, from where its offset stands now: %s", where, delay, one_line(error))
+                else:
+                    failing.tell(error, f"{where} starts again in {delay:.1f}s after ")
                 self.running = self.busy = False
                 self.failing = True
                 self.runner.consumer.pause(self.tp)
