@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from .projections.catalog import Projection
     from .schema.check import Finding
     from .subscriptions.api import AnySubscription
+    from .subscriptions.parking import ParkedEvent
 
 
 def _commands(help: str, **options: Any) -> typer.Typer:
@@ -444,8 +445,7 @@ def project_list(
     from .projections.catalog import Tables
     from .projections.positions import Position, read_model_positions
 
-    if output not in ("table", "csv", "json"):
-        raise fail("--format must be table, csv or json")
+    _check_format(output)
     settings = load_settings()
     tables = Tables(settings.projections.warehouse_dir)
     columns = ["name", "reads", "description", "current_table", "reflects", "kept_by", "parked"]
@@ -484,8 +484,7 @@ def project_parked(
     ReadModel.version, or `esk project run NAME --rebuild`) takes them in again."""
     from .projections.catalog import Tables, select_read_models
 
-    if output not in ("table", "csv", "json"):
-        raise fail("--format must be table, csv or json")
+    _check_format(output)
     settings = load_settings()
     try:
         select_read_models(read_models(settings), [name], False)
@@ -549,8 +548,7 @@ def sql(
     from .projections.session import spark_session
 
     settings = load_settings()
-    if output not in ("table", "csv", "json"):
-        raise fail("--format must be table, csv or json")
+    _check_format(output)
     known = list(read_models(settings))
     if not known:  # before Spark's start: seconds to tell nothing can be found
         raise fail(f"no read models to query: ESK_READ_MODELS={settings.read_models} names none (from {Path.cwd()})")
@@ -909,23 +907,41 @@ def subscriptions_status(
 def subscriptions_parked(
     name: NameArgument,
     include_resolved: Annotated[bool, typer.Option("--all", help="Retried and skipped ones too.")] = False,
+    output: Annotated[str, typer.Option("--format", help="table, csv or json (JSON Lines: an event a line)")] = "table",
 ) -> None:
     """The subscription's parked events, in order per aggregate, with the reason (and, for one
     a reset's replay parked again, how it was resolved before)."""
     from rich.table import Table
 
-    parked = _operate(name, lambda operations: operations.parked(include_resolved))
+    _check_format(output)
+    found = _operate(name, lambda operations: operations.parked(include_resolved))
+    parked = sorted(found, key=lambda e: (e.aggregate_id, e.topic, e.partition, e.offset))
+
+    def told_earlier(event: ParkedEvent) -> str:
+        return "; ".join(f"{r.status.value} by {r.by or '?'} at {_utc_ms(r.at)}" for r in event.earlier)
+
+    if output != "table":  # every field, for a script (a JSON line's `earlier` a list)
+        columns = ["aggregate_id", "event_type", "topic", "partition", "offset", "parked_at", "attempts", "reason",
+                   "status", "resolved_by", "resolved_at", "earlier"]  # fmt: skip
+        rows: list[list[Any]] = [
+            [e.aggregate_id, e.event_type, e.topic, e.partition, e.offset, _utc_ms(e.parked_at), e.attempts, e.reason,
+             e.status.value, e.resolved_by, None if e.resolved_at is None else _utc_ms(e.resolved_at),
+             [{"status": r.status.value, "by": r.by, "at": _utc_ms(r.at), "reason": r.reason} for r in e.earlier]
+             if output == "json" else told_earlier(e)]
+            for e in parked
+        ]  # fmt: skip
+        print_rows(columns, rows, output)
+        return
     earlier = any(event.earlier for event in parked)
     table = Table(
         "aggregate", "event", "position", "parked at", "attempts", "reason",
         *(("status", "by") if include_resolved else ()), *(("earlier",) if earlier else ()),
     )
-    for event in sorted(parked, key=lambda e: (e.aggregate_id, e.topic, e.partition, e.offset)):
+    for event in parked:
         resolved = (event.status.value, event.resolved_by or "") if include_resolved else ()
-        before = ("; ".join(f"{r.status} by {r.by or '?'} at {_utc_ms(r.at)}" for r in event.earlier),) if earlier else ()
         table.add_row(
             event.aggregate_id, event.event_type or "?", event.position, _utc_ms(event.parked_at), str(event.attempts),
-            event.reason, *resolved, *before,
+            event.reason, *resolved, *((told_earlier(event),) if earlier else ()),
         )
     print_table(table)
     console.print(f"{name}: {sum(e.status == 'parked' for e in parked)} parked", highlight=False)
@@ -1025,6 +1041,11 @@ def _subscription_unavailable() -> tuple[type[Exception], ...]:
     from .subscriptions.stores import DatabaseMissing, DatabaseUnreachable
 
     return DatabaseMissing, DatabaseUnreachable, TopicMissing, WrittenByNewerRelease
+
+
+def _check_format(output: str) -> None:
+    if output not in ("table", "csv", "json"):
+        raise fail("--format must be table, csv or json")
 
 
 def print_rows(columns: list[str], rows: list[list[Any]], output: str) -> None:

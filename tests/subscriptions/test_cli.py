@@ -6,6 +6,7 @@ handler's replay, parked events listed and skipped with a record of who did it."
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -114,6 +115,15 @@ def test_the_subscriptions_commands(settings: Settings, env: dict[str, str], tmp
         # A replay parks it again; its entry keeps who skipped it the first time.
         assert esk("subscriptions", "reset", "customer_ledger", "--to", "earliest")[0] == 0
         wait_until(lambda: "skipped by ops@example at " in esk("subscriptions", "parked", "customer_ledger")[1], 60, "the replay to park o3 again")
+        # for a script: every field, each resolution before it in a list
+        code, out = esk("subscriptions", "parked", "customer_ledger", "--format", "json")
+        (entry,) = [json.loads(line) for line in out.splitlines()]
+        assert code == 0 and (entry["aggregate_id"], entry["status"]) == ("o3", "parked") and "undecodable" in entry["reason"], out
+        assert [(r["status"], r["by"]) for r in entry["earlier"]] == [("reset", "ops@example"), ("skipped", "ops@example")], out
+        code, out = esk("subscriptions", "parked", "customer_ledger", "--format", "csv")
+        assert code == 0 and out.splitlines()[0].startswith("aggregate_id,event_type,topic,partition,offset,") and len(out.splitlines()) == 2, out
+        code, out = esk("subscriptions", "parked", "customer_ledger", "--format", "xml")
+        assert code == 1 and "--format must be table, csv or json" in out
         code, out = esk("subscriptions", "skip", "customer_ledger", "--aggregate", "o3", "--by", "ops@example")
         assert code == 0 and "1 skipped" in out
         # skipped from the command line, under the running subscriber: it counts from its store
