@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import decimal
 import enum
 import os
 import subprocess
@@ -122,6 +123,26 @@ def test_a_version_bump_with_an_upcaster_passes_and_is_reported() -> None:
     finding = only(Severity.COMPATIBLE, check(registry, LOCKED))
     assert finding.name == "Deposited"
     assert "schema_version 1 -> 2" in str(finding)
+
+
+def test_a_bounded_decimal_kept_as_it_was_across_a_version_bump_passes() -> None:
+    """The payloads drawn for the locked version are ones it accepts: a decimal's digits and
+    value are bounded in its JSON Schema on one of its two forms each."""
+
+    def first_release() -> type[Event]:
+        class Fuelled(Event):
+            liters: decimal.Decimal = Field(max_digits=6, decimal_places=2, gt=0)
+
+        return Fuelled
+
+    class Fuelled(Event):
+        schema_version = 2
+        liters: decimal.Decimal = Field(max_digits=6, decimal_places=2, gt=0)
+        stops: int
+
+    locked = build_lock(wallets(events=[Opened, Deposited, first_release()]))
+    registry = wallets(events=[Opened, Deposited, Fuelled], upcasters={("Fuelled", 1): lambda d: {**d, "stops": 0}})
+    assert only(Severity.COMPATIBLE, check(registry, locked)).name == "Fuelled"
 
 
 def test_an_upcaster_that_forgets_a_field_is_breaking_and_shows_the_payload() -> None:
@@ -485,6 +506,10 @@ class Everything(Event):
     unique: set[int] = Field(default_factory=set)
     pet: Annotated[Cat | Dog, Field(discriminator="kind")]
     anything: object = None
+    # JSON Schema bounds a decimal's string form only (a pattern); its number form too
+    price: decimal.Decimal = Field(max_digits=6, decimal_places=2)
+    exact: decimal.Decimal = decimal.Decimal(0)
+    cents: decimal.Decimal = Field(default=decimal.Decimal(0), max_digits=4, decimal_places=0, ge=-5)
 
 
 @settings(max_examples=300, derandomize=True, database=None, deadline=None, suppress_health_check=list(HealthCheck))

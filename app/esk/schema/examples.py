@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from decimal import Decimal
 from typing import Any
 
 from hypothesis import strategies as st
@@ -76,7 +77,10 @@ class _Builder:
         if "anyOf" in schema or "oneOf" in schema:
             # pydantic's oneOf is a discriminated union, whose branches never overlap.
             rest = {k: v for k, v in schema.items() if k not in ("anyOf", "oneOf")}
-            return st.one_of([self.build({**rest, **branch}) for branch in schema.get("anyOf", schema.get("oneOf", []))])
+            branches = [{**rest, **branch} for branch in schema.get("anyOf", schema.get("oneOf", []))]
+            if (decimal := _decimal_forms(branches)) is not None:
+                return _decimals(*decimal)
+            return st.one_of([self.build(branch) for branch in branches])
         if "const" in schema:
             return st.just(schema["const"])
         if "enum" in schema:
@@ -153,6 +157,45 @@ class _Builder:
         return self.build({**names, "type": "string"}) if isinstance(names, Mapping) else st.text(max_size=10)
 
 
+# How pydantic's pattern for a Decimal's string form begins (pydantic-core 2.x).
+_DECIMAL_PATTERN = "^(?!^[-+.]*$)[+-]?0*"
+
+
+def _decimal_forms(branches: Sequence[Schema]) -> tuple[Schema, str] | None:
+    """(its number form, its string form's pattern) for pydantic's Decimal, else None."""
+    numbers = [b for b in branches if b.get("type") == "number"]
+    patterns = [b["pattern"] for b in branches if b.get("type") == "string" and str(b.get("pattern", "")).startswith(_DECIMAL_PATTERN)]
+    return (numbers[0], patterns[0]) if len(branches) == 2 and numbers and patterns else None
+
+
+def _decimals(number: Schema, pattern: str) -> Strategy:
+    """A Decimal, as its text or as a JSON number. pydantic bounds its digits on the string
+    form only (the pattern) and its value on the number form only (JSON Schema can say no
+    more), while a payload is held to both whichever form it takes: an unbounded number
+    drawn for a `max_digits` field would blame an innocent upcaster."""
+    low, high, exclude_low, exclude_high = _bounds(number)
+    step = number.get("multipleOf")
+
+    def within(value: Decimal) -> bool:
+        if low is not None and (value <= low if exclude_low else value < low):
+            return False
+        if high is not None and (value >= high if exclude_high else value > high):
+            return False
+        return step is None or value % Decimal(str(step)) == 0
+
+    # Whole: the pattern's first branch ends without an anchor, so that the text "10000"
+    # matches it somewhere, though pydantic refuses it for 4 whole digits.
+    digits = _compiled(pattern)
+    texts = st.from_regex(digits, fullmatch=True).filter(lambda text: within(Decimal(text)))
+    numbers = texts.map(_as_number).filter(lambda n: digits.fullmatch(str(n)) is not None and within(Decimal(str(n))))
+    return texts | numbers
+
+
+def _as_number(text: str) -> int | float:
+    value = Decimal(text)
+    return int(value) if value == value.to_integral_value() else float(value)
+
+
 def _merged(schema: Schema) -> Schema:
     """allOf as one schema: pydantic's allOf holds one schema, or ones without a keyword in common."""
     merged = {k: v for k, v in schema.items() if k != "allOf"}
@@ -208,13 +251,34 @@ def _matching(pattern: str) -> Strategy:
     # Python's re is looser than ECMA-262 and pydantic's Rust engine: a final `$` also matches
     # before a trailing newline, and `\d`, `\w` take any script's digits and letters. With
     # `\Z` and ASCII classes, every string drawn matches under all three readings.
-    if pattern.endswith("$") and not pattern.endswith("\\$"):
-        pattern = pattern[:-1] + "\\Z"
+    return st.from_regex(_compiled(pattern))
+
+
+def _compiled(pattern: str) -> re.Pattern[str]:
     try:
-        compiled = re.compile(pattern, re.ASCII)
+        return re.compile(_ends_as_ecma(pattern), re.ASCII)
     except re.error as error:  # an ECMA-262 construct Python's re does not have
         raise Unsupported(f"pattern {pattern!r} ({error})") from None
-    return st.from_regex(compiled)
+
+
+def _ends_as_ecma(pattern: str) -> str:
+    """Each `$` outside a character class as `\\Z`: the end of the text alone, wherever the
+    `$` stands (pydantic's pattern for a Decimal has one inside a group)."""
+    out: list[str] = []
+    escaped = in_class = False
+    for char in pattern:
+        if escaped:
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif in_class:
+            in_class = char != "]"
+        elif char == "[":
+            in_class = True
+        elif char == "$":
+            char = "\\Z"
+        out.append(char)
+    return "".join(out)
 
 
 def _sized(objects: Strategy, schema: Schema) -> Strategy:
