@@ -143,6 +143,15 @@ def _merged_without_a_return(events: DataFrame, writer: esk.BatchWriter) -> None
             "into its bigint column: cast them in its code (`.cast(...)`) to append them as the table holds them",
         ),
         (
+            # delta-rs's MERGE (a small batch's) refuses `t.total + s.total` for a string, Spark's casts it
+            lambda events, writer: writer.merge(
+                events.select(F.col("aggregate_id").alias("counter_id"), F.lit("1").alias("total"), "version"),
+                esk.Merge(on="t.counter_id = s.counter_id", update={"total": "t.total + s.total", "version": "s.version"}),
+            ),
+            "its apply, planned over no events at the run's start, fails: its Merge's rows hold total as string for its bigint column: "
+            "cast them in its code (`.cast(...)`) as the table holds them",
+        ),
+        (
             lambda events, writer: writer.merge(events.select(esk.payload(counters, Deposited)), MERGE),
             "its apply, planned over no events at the run's start, fails: Deposited is not an event of counters",
         ),
@@ -163,7 +172,7 @@ def _merged_without_a_return(events: DataFrame, writer: esk.BatchWriter) -> None
         ),
     ],
     ids=["a column it does not have", "a batch column a Merge names", "a column events do not have", "an append of other columns",
-         "an append of other types",
+         "an append of other types", "a merge of another kind",
          "an event of another type", "a type it does not read", "a lookup on a column the batch does not have", "a return left out"],
 )
 def test_a_mistake_in_apply_is_told_in_a_line(spark: SparkSession, tmp_path: Path, apply: Callable[[DataFrame, esk.BatchWriter], int], error: str) -> None:

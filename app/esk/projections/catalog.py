@@ -267,6 +267,13 @@ class PlanCheck(BatchWriter):
         from pyspark.sql import functions as F
 
         self._columns_held("its Merge sets", [*spec.update, *(spec.insert or {})])
+        # A small batch's MERGE is delta-rs's, which casts within a kind of value and not
+        # across (Spark's casts a string to a number): a batch column of a table column's
+        # name, of another kind, fails there, at the first batch with events.
+        held = {f.name: f.dataType for f in self.columns.fields}
+        if unfit := [f"{f.name} as {f.dataType.simpleString()} for its {held[f.name].simpleString()} column"
+                     for f in source.schema.fields if f.name in held and not _same_kind(f.dataType, held[f.name])]:  # fmt: skip
+            raise ReadModelMistake(f"its Merge's rows hold {', '.join(unfit)}: cast them in its code (`.cast(...)`) as the table holds them")
         conditions = [spec.update_if, spec.insert_if, spec.delete_if]
         expressions = [*spec.update.values(), *(spec.insert or {}).values(), *(c for c in conditions if c)]
         # As the MERGE resolves them: `t.` the table's columns, `s.` the batch's
@@ -318,6 +325,18 @@ def _fits(rows: DataType, table: DataType) -> bool:
             return rows.scale <= table.scale and rows.precision - rows.scale <= table.precision - table.scale
         return given in digits and digits[given] <= table.precision - table.scale
     return False
+
+
+def _same_kind(rows: DataType, table: DataType) -> bool:
+    """Whether values of `rows` and of `table` are of one kind (numbers, text, a time...);
+    a null literal's and nested types' are not judged."""
+    from pyspark.sql.types import ArrayType, MapType, NullType, NumericType, StructType
+
+    if isinstance(rows, NullType | ArrayType | MapType | StructType) or isinstance(table, ArrayType | MapType | StructType):
+        return True
+    if isinstance(rows, NumericType) or isinstance(table, NumericType):
+        return isinstance(rows, NumericType) and isinstance(table, NumericType)
+    return rows.typeName() == table.typeName()
 
 
 def _as_noted(spec: Merge) -> list[Any]:
