@@ -226,6 +226,9 @@ async def test_an_event_that_fails_the_read_model_parks_its_aggregate_and_the_ot
     output = runner_said()
     assert "lucky_totals g1 batch 0 failed (" in output and "looking for the event that fails it" in output
     assert "lucky_totals g1: parked counters 'c2': its Added at partition" in output
+    # each run after says so at its start, and what takes them in again
+    assert "lucky_totals g1 holds 2 parked aggregates back (`esk project parked lucky_totals`): only a rebuild" in output
+    assert "lucky_totals g1 holds 3 parked aggregates back" in output
 
     # what an operator sees
     for name, value in {

@@ -418,6 +418,12 @@ def _keep(
     code_fails: list[ReadModelCodeFails] = []  # likewise: what the query's failure was
     parking = tables.parked(name, generation)
     parked = parking.load()
+    if parked:  # a fix of the code alone leaves them out: said at each start, where the fix is tried
+        log.warning(
+            f"{name} g{generation} holds {len(parked)} parked aggregate{'s' if len(parked) != 1 else ''} back "
+            f"(`esk project parked {name}`): only a rebuild takes them in again, after a fix (raise the "
+            f"ReadModel's version, or `esk project run {name} --rebuild`)"
+        )
 
     def stopping() -> bool:
         return stop.asked.is_set() or leaving.is_set()
