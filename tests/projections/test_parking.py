@@ -202,6 +202,10 @@ async def test_an_event_that_fails_the_read_model_parks_its_aggregate_and_the_ot
         assert sorted((p.aggregate_id, p.event_type, p.batch_id) for p in parked) == [("c2", "Added", 0), ("c4", "Added", 0)]
         assert all("13 is not a number this read model takes" in p.reason for p in parked), parked
         assert tables.parked("lucky_totals", 1).load() == parked
+        # a reader over HTTP is told which aggregates' rows stop short, whatever the positions
+        r = await s.client.get("/v1/projections/lucky_totals", params={"counter_id": "c2"})
+        assert r.status_code == 200 and r.json()["rows"] == [{"counter_id": "c2", "total": 5, "version": 2}], r.text
+        assert sorted((p["aggregate_type"], p["aggregate_id"]) for p in r.json()["parked"]) == [("counters", "c2"), ("counters", "c4")], r.text
 
         # the next batch: a parked aggregate's later events stay out, the others' go in
         await send("c2", "add", {"n": 100})

@@ -266,7 +266,13 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
             raise await _who_keeps(name, not_built[0] if not_built else problem) from None
         rows = await _read_model(name, filters, row_limit + 1)  # one more: whether the limit cut any
         more, rows = len(rows) > row_limit, rows[:row_limit]
-        return json_response({"name": name, "rows": rows, "count": len(rows), "more": more, "positions": positions_json(positions)})
+        # The positions reflected pass a parked aggregate's events: a read-your-writes caller
+        # tells from these whether its own aggregate's rows stopped short.
+        parked = [{"aggregate_type": p.aggregate_type, "aggregate_id": p.aggregate_id}
+                  for p in await _guarded(name, lambda: read_models.parked(name))]  # fmt: skip
+        return json_response(
+            {"name": name, "rows": rows, "count": len(rows), "more": more, "positions": positions_json(positions), "parked": parked}
+        )
 
     @router.get("/v1/{type_name}/{id}/events")
     async def get_history(

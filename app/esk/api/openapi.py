@@ -565,6 +565,12 @@ def _projection_operation(projection: Projection, row_limit: int, topics: TopicN
         "count": _count(),
         "more": {"type": "boolean", "description": "Whether more rows match than the limit let through"},
         "positions": {"type": "array", "items": _ref("Position"), "description": "What the rows reflect"},
+        "parked": {
+            "type": "array",
+            "items": _object({"aggregate_type": {"type": "string"}, "aggregate_id": {"type": "string"}}),
+            "description": "The aggregates the table holds back from an event of theirs that failed the read model on: their rows "
+                           "stop before it, whatever the positions (`esk project parked` tells why)",
+        },
     })
     order = f", ordered by {', '.join(model.order_by)}" if model.order_by else ""
     return {
