@@ -23,7 +23,7 @@ from esk.processing.state_rebuild import _Fold, _fold_records, unusable_aggregat
 from esk.protocol import STATE_UNUSABLE, EventRecord, StoredAggregate
 from esk.registry import Registry
 from esk.settings import Settings
-from tests.system import api, processor, with_state_dirs
+from tests.system import api, processor, wait_for, with_state_dirs
 
 pytestmark = pytest.mark.kafka
 
@@ -106,8 +106,11 @@ async def test_states_of_a_changed_model_are_rebuilt_from_their_events(settings:
         async with processor(own, v2) as running:  # ready only once the states are rebuilt
             assert REBUILT_AGGREGATES._value.get() - rebuilt_before == len(ids)
             assert running.processor.restores  # the store was intact: nothing restored beyond it
-            r = await client.get("/v1/counters/c0")
-            assert r.json()["state"] == {"total": 5, "adds": 2}
+
+            async def served_rebuilt() -> bool:  # the API's replica reads the rebuilt record after the processor is ready
+                return bool((await client.get("/v1/counters/c0")).json()["state"] == {"total": 5, "adds": 2})
+
+            await wait_for(served_rebuilt, 30, "the API to serve c0's rebuilt state")
             r = await client.post("/v1/counters/c0/add", json={"n": 1})
             assert r.status_code == 200 and r.json()["version"] == 4
             assert (await client.get("/v1/counters/c0?min_version=4")).json()["state"] == {"total": 6, "adds": 3}
