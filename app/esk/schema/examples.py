@@ -248,9 +248,9 @@ def _strings(schema: Schema) -> Strategy:
 
 def _matching(pattern: str) -> Strategy:
     """Strings in which `pattern` matches, as JSON Schema's pattern means it (anywhere)."""
-    # Python's re is looser than ECMA-262 and pydantic's Rust engine: a final `$` also matches
+    # Python's re is looser than ECMA-262 and pydantic's Rust engine: its `$` also matches
     # before a trailing newline, and `\d`, `\w` take any script's digits and letters. With
-    # `\Z` and ASCII classes, every string drawn matches under all three readings.
+    # `\Z` for each `$` and ASCII classes, every string drawn matches under all three readings.
     return st.from_regex(_compiled(pattern))
 
 
