@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from pydantic import BaseModel, Field
 
 from esk import AggregateType, Command, Event
+from esk.domain.json_schema import model_schema
 from esk.registry import Registry, load_registry
 from esk.schema.check import Finding, Severity, check
 from esk.schema.examples import from_schema
@@ -143,6 +144,24 @@ def test_a_bounded_decimal_kept_as_it_was_across_a_version_bump_passes() -> None
     locked = build_lock(wallets(events=[Opened, Deposited, first_release()]))
     registry = wallets(events=[Opened, Deposited, Fuelled], upcasters={("Fuelled", 1): lambda d: {**d, "stops": 0}})
     assert only(Severity.COMPATIBLE, check(registry, locked)).name == "Fuelled"
+
+
+def test_a_decimal_is_locked_the_same_under_every_pydantic() -> None:
+    """Its text's pattern as pydantic wrote it up to 2.13: 2.14 writes none, which would read
+    as a change of every locked Decimal, and a narrowed one as no change at all."""
+
+    class Fuelled(Event):
+        liters: decimal.Decimal = Field(max_digits=6, decimal_places=2, gt=0)
+
+    locked = build_lock(wallets(events=[Opened, Deposited, Fuelled]))
+    liters = locked.aggregates["wallets"].events["Fuelled"].schema["properties"]["liters"]
+    assert liters == {
+        "anyOf": [
+            {"exclusiveMinimum": 0.0, "type": "number"},
+            {"pattern": r"^(?!^[-+.]*$)[+-]?0*(?:\d{0,4}|(?=[\d.]{1,7}0*$)\d{0,4}\.\d{0,2}0*$)", "type": "string"},
+        ],
+        "title": "Liters",
+    }
 
 
 def test_an_upcaster_that_forgets_a_field_is_breaking_and_shows_the_payload() -> None:
@@ -361,6 +380,21 @@ class NoteRemoved(Command):
     amount: int = Field(gt=0, le=1000)
 
 
+class NotePatterned(Command):
+    amount: int = Field(gt=0, le=1000)
+    note: str | None = Field(default=None, pattern=r"^[a-z ]*$")
+
+
+class Priced(Command):
+    amount: int = Field(gt=0, le=1000)
+    note: str | None = None
+    price: decimal.Decimal = Field(default=decimal.Decimal(0), max_digits=6, decimal_places=2)
+
+
+class PricedFewerDigits(Priced):
+    price: decimal.Decimal = Field(default=decimal.Decimal(0), max_digits=4, decimal_places=2)
+
+
 @pytest.mark.parametrize(
     ("deposit", "path", "words"),
     [
@@ -368,14 +402,21 @@ class NoteRemoved(Command):
         (Enumerated, "note", "existing clients may send values it refuses"),
         (NoteRequired, "note", "is now required"),
         (NoteRemoved, "note", "removed: existing clients that send it are refused"),
+        (NotePatterned, "note", "existing clients may send texts its new pattern refuses"),
     ],
-    ids=["smaller maximum", "str to Literal", "optional to required", "removed"],
+    ids=["smaller maximum", "str to Literal", "optional to required", "removed", "a pattern"],
 )
 def test_a_narrowed_command_is_breaking(deposit: type[Command], path: str, words: str) -> None:
     findings = of(Severity.BREAKING, check(wallets(commands={"open": Open, "deposit": deposit}), LOCKED))
     assert findings and {f.path for f in findings} == {path}, findings
     assert any(words in str(f) for f in findings), findings
     assert all(str(f).startswith(f"wallets command deposit: field `{path}`") for f in findings), findings
+
+
+def test_a_decimal_with_fewer_digits_is_a_narrowed_command() -> None:
+    locked = build_lock(wallets(commands={"open": Open, "deposit": Priced}))
+    findings = of(Severity.BREAKING, check(wallets(commands={"open": Open, "deposit": PricedFewerDigits}), locked))
+    assert findings and {f.path for f in findings} == {"price"}, findings
 
 
 def test_a_narrowed_field_of_a_nested_model_is_named() -> None:
@@ -513,7 +554,7 @@ class Everything(Event):
 
 
 @settings(max_examples=300, derandomize=True, database=None, deadline=None, suppress_health_check=list(HealthCheck))
-@given(from_schema(Everything.model_json_schema()))
+@given(from_schema(model_schema(Everything)))
 def test_generated_payloads_are_valid_for_the_model_they_come_from(payload: dict[str, Any]) -> None:
     """A payload the locked model would refuse would blame an innocent upcaster."""
     Everything.model_validate(payload)

@@ -22,6 +22,8 @@ from typing import Any, ClassVar, Generic, TypeVar
 import orjson
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from .json_schema import model_schema
+
 
 class Command(BaseModel):
     """A request to change one aggregate. Unknown fields are an error, not ignored."""
@@ -115,7 +117,7 @@ class AggregateType(Generic[S]):
             self._check_upcaster(type_name, version)
         if self.state_version < 1:
             raise ValueError(f"{self.name}: state_version starts at 1, not {self.state_version}")
-        schema = orjson.dumps(self.state.model_json_schema(), option=orjson.OPT_SORT_KEYS)
+        schema = orjson.dumps(model_schema(self.state), option=orjson.OPT_SORT_KEYS)
         # The first version adds nothing: the shapes stored before there was one stay valid.
         state_version = b"" if self.state_version == 1 else f"/state v{self.state_version}".encode()
         object.__setattr__(self, "_state_shape", hashlib.sha256(schema + state_version).hexdigest()[:16])

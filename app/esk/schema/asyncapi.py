@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 
 from ..domain.aggregate import AggregateType, Event
+from ..domain.json_schema import model_schema
 from ..kafka.topics import TopicNames, topic_specs
 from ..protocol import EventRecord
 from ..registry import Registry
@@ -149,7 +150,7 @@ def _data_schema(aggregate: AggregateType[Any], event: type[Event], schemas: dic
     aggregate type's, with the models it refers to beside it (two aggregate types may
     well have events, or nested models, of the same name)."""
     name = f"{aggregate.name}.{event.type_name()}"
-    schema = event.model_json_schema(ref_template=f"{_SCHEMAS}{name}.{{model}}")
+    schema = model_schema(event, ref_template=f"{_SCHEMAS}{name}.{{model}}")
     for model, definition in schema.pop("$defs", {}).items():
         schemas[f"{name}.{model}"] = definition
     schemas[name] = schema

@@ -132,9 +132,20 @@ def _command_change(change: Change, after: JsonSchema) -> tuple[Severity, str]:
     # Judge this field's own keywords alone: its nested fields' changes are findings of their
     # own, so those come from `after` on both sides (and both read `after`'s definitions).
     own_change = {**{k: v for k, v in change.before.items() if k not in change.walked}, **{k: v for k, v in change.after.items() if k in change.walked}}
+    unjudged = [k for k in _TEXT_CHECKS if change.after.get(k) is not None and change.after.get(k) != own_change.get(k)]
+    if unjudged:
+        return Severity.BREAKING, (
+            f": existing clients may send texts its new {unjudged[0]} refuses (esk cannot tell whether it accepts "
+            "every text the old one did)"
+        )
     if _accepts_all(own_change, change.after, after, after):
         return Severity.COMPATIBLE, ", accepting every value it did"
     return Severity.BREAKING, ": existing clients may send values it refuses"
+
+
+# A string's keywords jsoncompat passes over (it calls any pattern or format compatible): a
+# new or changed one is judged here; dropping one only accepts more.
+_TEXT_CHECKS = ("pattern", "format")
 
 
 def _accepts_all(before: Schema, after: Schema, root_before: Schema, root_after: Schema) -> bool:

@@ -18,6 +18,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
+from ..domain.json_schema import DECIMAL_PATTERN_START
 from .diff import ANNOTATIONS, resolve
 
 Schema = Mapping[str, Any]
@@ -157,14 +158,10 @@ class _Builder:
         return self.build({**names, "type": "string"}) if isinstance(names, Mapping) else st.text(max_size=10)
 
 
-# How pydantic's pattern for a Decimal's string form begins (pydantic-core 2.x).
-_DECIMAL_PATTERN = "^(?!^[-+.]*$)[+-]?0*"
-
-
 def _decimal_forms(branches: Sequence[Schema]) -> tuple[Schema, str] | None:
-    """(its number form, its string form's pattern) for pydantic's Decimal, else None."""
+    """(its number form, its string form's pattern) for a Decimal (`esk.domain.json_schema`), else None."""
     numbers = [b for b in branches if b.get("type") == "number"]
-    patterns = [b["pattern"] for b in branches if b.get("type") == "string" and str(b.get("pattern", "")).startswith(_DECIMAL_PATTERN)]
+    patterns = [b["pattern"] for b in branches if b.get("type") == "string" and str(b.get("pattern", "")).startswith(DECIMAL_PATTERN_START)]
     return (numbers[0], patterns[0]) if len(branches) == 2 and numbers and patterns else None
 
 
@@ -263,7 +260,7 @@ def _compiled(pattern: str) -> re.Pattern[str]:
 
 def _ends_as_ecma(pattern: str) -> str:
     """Each `$` outside a character class as `\\Z`: the end of the text alone, wherever the
-    `$` stands (pydantic's pattern for a Decimal has one inside a group)."""
+    `$` stands (a Decimal's pattern has one inside a group)."""
     out: list[str] = []
     escaped = in_class = False
     for char in pattern:

@@ -18,6 +18,7 @@ from pydantic import BaseModel
 from pydantic.errors import PydanticUserError
 
 from ..domain.aggregate import AggregateType
+from ..domain.json_schema import model_schema
 from ..registry import Registry
 
 LOCK_FILE = Path("esk.lock.json")
@@ -104,7 +105,7 @@ def json_schema(model: type[BaseModel]) -> JsonSchema:
     """The model's JSON Schema in validation mode: what the model accepts, as /openapi.json
     documents it. For an event, that is what reading a stored payload demands of it."""
     try:
-        return model.model_json_schema()
+        return model_schema(model)
     except PydanticUserError as error:  # a field type JSON Schema cannot express
         raise LockError(f"{model.__module__}.{model.__qualname__} has no JSON Schema: {error}") from None
 
