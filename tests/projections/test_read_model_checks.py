@@ -4,6 +4,7 @@ with a writer that writes nothing (runner._check_plan, catalog.PlanCheck). Spark
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -152,6 +153,15 @@ def _merged_without_a_return(events: DataFrame, writer: esk.BatchWriter) -> None
             "cast them in its code (`.cast(...)`) as the table holds them",
         ),
         (
+            # Spark reads `if(...)`, delta-rs (a small batch's MERGE) has no such function
+            lambda events, writer: writer.merge(
+                _counter_rows(events),
+                dataclasses.replace(MERGE, update={"total": "if(s.n > 0, t.total + s.n, t.total)", "version": "s.version"}),
+            ),
+            "its apply, planned over no events at the run's start, fails: its Merge is one delta-rs, a small batch's writer, "
+            "cannot run: Error during planning: Invalid function 'if'",
+        ),
+        (
             lambda events, writer: writer.merge(events.select(esk.payload(counters, Deposited)), MERGE),
             "its apply, planned over no events at the run's start, fails: Deposited is not an event of counters",
         ),
@@ -172,7 +182,7 @@ def _merged_without_a_return(events: DataFrame, writer: esk.BatchWriter) -> None
         ),
     ],
     ids=["a column it does not have", "a batch column a Merge names", "a column events do not have", "an append of other columns",
-         "an append of other types", "a merge of another kind",
+         "an append of other types", "a merge of another kind", "a function only Spark has",
          "an event of another type", "a type it does not read", "a lookup on a column the batch does not have", "a return left out"],
 )
 def test_a_mistake_in_apply_is_told_in_a_line(spark: SparkSession, tmp_path: Path, apply: Callable[[DataFrame, esk.BatchWriter], int], error: str) -> None:

@@ -279,6 +279,7 @@ class PlanCheck(BatchWriter):
         # As the MERGE resolves them: `t.` the table's columns, `s.` the batch's
         self.read().alias("t").join(source.alias("s"), F.expr(spec.on), "full").select(*map(F.expr, expressions))
         _inserted(source, spec, self.columns)
+        _planned_by_delta_rs(self.columns, source.schema, spec)
         self.writes.append(["merge", step, _as_noted(spec)])
         return 0
 
@@ -465,20 +466,45 @@ def _driver_merge(table: Any, source: DataFrame, spec: Merge, transaction: Any) 
     rows = source.toArrow()
     if not rows.num_rows:
         return 0
-    merge = table.merge(
-        rows, spec.on, source_alias="s", target_alias="t",
-        commit_properties=CommitProperties(app_transactions=[transaction]),
-    )
+    metrics = _delta_rs_merge(table, rows, spec, CommitProperties(app_transactions=[transaction])).execute()
+    return int(metrics["num_target_rows_inserted"]) + int(metrics["num_target_rows_updated"])
+
+
+def _delta_rs_merge(table: Any, rows: Any, spec: Merge, commit: Any = None) -> Any:
+    """delta-rs's MERGE of `rows` (Arrow) into `table` as `spec` says, to execute."""
+    merge = table.merge(rows, spec.on, source_alias="s", target_alias="t", commit_properties=commit)
     if spec.delete_if:
         merge = merge.when_matched_delete(predicate=spec.delete_if)
     if spec.update:
         merge = merge.when_matched_update(updates=dict(spec.update), predicate=spec.update_if)
     if spec.insert is None:
-        merge = merge.when_not_matched_insert_all(predicate=spec.insert_if)
-    else:
-        merge = merge.when_not_matched_insert(updates=dict(spec.insert), predicate=spec.insert_if)
-    metrics = merge.execute()
-    return int(metrics["num_target_rows_inserted"]) + int(metrics["num_target_rows_updated"])
+        return merge.when_not_matched_insert_all(predicate=spec.insert_if)
+    return merge.when_not_matched_insert(updates=dict(spec.insert), predicate=spec.insert_if)
+
+
+def _planned_by_delta_rs(table: StructType, rows: StructType, spec: Merge) -> None:
+    """Has delta-rs (a small batch's writer) plan `spec` as it would a batch's rows into the
+    table, on an empty table of its columns and no rows: an expression DataFusion does not
+    read as Spark does (a function only Spark has, a number added to a text) is a mistake
+    told at the start, not a failure of the first small batch, that stops the run."""
+    import tempfile
+
+    from deltalake import DeltaTable, write_deltalake
+    from deltalake.exceptions import DeltaError
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    with tempfile.TemporaryDirectory(prefix="esk-merge-plan-") as scratch:
+        write_deltalake(scratch, to_arrow_schema(table).empty_table())
+        try:
+            _delta_rs_merge(DeltaTable(scratch), to_arrow_schema(rows).empty_table(), spec).execute()
+        except DeltaError as error:
+            raise ReadModelMistake(f"its Merge is one delta-rs, a small batch's writer, cannot run: {_delta_rs_reason(error)}") from None
+
+
+def _delta_rs_reason(error: Exception) -> str:
+    """delta-rs's error in a line, without the wrappers it nests it in."""
+    told = re.sub(r"(Generic DeltaTable error|External error): ", "", str(error))
+    return " ".join(told.split())
 
 
 def _driver_append(table: Any, rows: DataFrame, transaction: Any) -> int:
