@@ -106,7 +106,14 @@ def test_the_example_read_models_and_a_right_one_plan_without_writing(spark: Spa
     widened = lambda events, writer: writer.append(  # noqa: E731
         events.select(F.col("aggregate_id").alias("counter_id"), F.lit(1).cast("int").alias("total"), F.lit(None).alias("version"))
     )
-    for projection in [*READ_MODELS, _projection(lambda events, writer: writer.merge(_counter_rows(events), MERGE)), _projection(widened)]:
+    # a date for a timestamp column, and a text of a number column's name the Merge does not write
+    kinds = esk.Merge(on=MERGE.on, update={**MERGE.update, "at": "s.at"}, insert={**(MERGE.insert or {}), "at": "s.at"})
+    of_kinds = _projection(
+        lambda events, writer: writer.merge(_counter_rows(events).select("*", F.current_date().alias("at"), F.lit("x").alias("total")), kinds),
+        COLUMNS + ", at TIMESTAMP",
+    )
+    merged = _projection(lambda events, writer: writer.merge(_counter_rows(events), MERGE))
+    for projection in [*READ_MODELS, merged, _projection(widened), of_kinds]:
         _check(spark, tmp_path, projection)
     assert not (tmp_path / "never-written").exists()
 

@@ -267,12 +267,13 @@ class PlanCheck(BatchWriter):
         from pyspark.sql import functions as F
 
         self._columns_held("its Merge sets", [*spec.update, *(spec.insert or {})])
-        # A small batch's MERGE is delta-rs's, which casts within a kind of value and not
-        # across (Spark's casts a string to a number): a batch column of a table column's
-        # name, of another kind, fails there, at the first batch with events.
+        # A small batch's MERGE is delta-rs's, which casts a text to a number as it writes
+        # it, and fails the batch on one that is not: no event is told as the one to park,
+        # as a cast in Spark's code would be.
         held = {f.name: f.dataType for f in self.columns.fields}
         if unfit := [f"{f.name} as {f.dataType.simpleString()} for its {held[f.name].simpleString()} column"
-                     for f in source.schema.fields if f.name in held and not _same_kind(f.dataType, held[f.name])]:  # fmt: skip
+                     for f in source.schema.fields
+                     if f.name in held and f.name in _written(spec, held) and not _same_kind(f.dataType, held[f.name])]:  # fmt: skip
             raise ReadModelMistake(f"its Merge's rows hold {', '.join(unfit)}: cast them in its code (`.cast(...)`) as the table holds them")
         conditions = [spec.update_if, spec.insert_if, spec.delete_if]
         expressions = [*spec.update.values(), *(spec.insert or {}).values(), *(c for c in conditions if c)]
@@ -328,13 +329,24 @@ def _fits(rows: DataType, table: DataType) -> bool:
     return False
 
 
+def _written(spec: Merge, table: Mapping[str, DataType]) -> set[str]:
+    """The batch's columns `spec` writes into the table: each of the table's names when it
+    inserts all, else those its expressions name as `s.<column>`."""
+    if spec.insert is None:
+        return set(table)
+    return set(re.findall(r"\bs\.`?(\w+)", " ".join([*spec.update.values(), *spec.insert.values()])))
+
+
 def _same_kind(rows: DataType, table: DataType) -> bool:
-    """Whether values of `rows` and of `table` are of one kind (numbers, text, a time...);
-    a null literal's and nested types' are not judged."""
-    from pyspark.sql.types import ArrayType, MapType, NullType, NumericType, StructType
+    """Whether values of `rows` and of `table` are of one kind (numbers, text, a time:
+    a date and a timestamp are one); a null literal's and nested types' are not judged."""
+    from pyspark.sql.types import ArrayType, DateType, MapType, NullType, NumericType, StructType, TimestampNTZType, TimestampType
 
     if isinstance(rows, NullType | ArrayType | MapType | StructType) or isinstance(table, ArrayType | MapType | StructType):
         return True
+    times = DateType | TimestampType | TimestampNTZType
+    if isinstance(rows, times) or isinstance(table, times):
+        return isinstance(rows, times) and isinstance(table, times)
     if isinstance(rows, NumericType) or isinstance(table, NumericType):
         return isinstance(rows, NumericType) and isinstance(table, NumericType)
     return rows.typeName() == table.typeName()
