@@ -264,12 +264,11 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
             positions = await after.reflected(name, read_model_positions, settled=lambda: not not_built)
         except Problem as problem:
             raise await _who_keeps(name, not_built[0] if not_built else problem) from None
-        rows = await _read_model(name, filters, row_limit + 1)  # one more: whether the limit cut any
-        more, rows = len(rows) > row_limit, rows[:row_limit]
+        view = await _guarded(name, lambda: read_models.view(name, filters, row_limit + 1))  # one more: whether the limit cut any
+        more, rows = len(view.rows) > row_limit, view.rows[:row_limit]
         # The positions reflected pass a parked aggregate's events: a read-your-writes caller
         # tells from these whether its own aggregate's rows stopped short.
-        parked = [{"aggregate_type": p.aggregate_type, "aggregate_id": p.aggregate_id}
-                  for p in await _guarded(name, lambda: read_models.parked(name))]  # fmt: skip
+        parked = [{"aggregate_type": p.aggregate_type, "aggregate_id": p.aggregate_id} for p in view.parked]
         return json_response(
             {"name": name, "rows": rows, "count": len(rows), "more": more, "positions": positions_json(positions), "parked": parked}
         )
@@ -343,9 +342,6 @@ def create_app(settings: Settings, registry: Registry) -> FastAPI:
         except Problem as problem:
             if problem.code == "read_models_misconfigured":
                 log.warning("%s: reads of read models answer 503 read_models_misconfigured", problem.detail)
-
-    async def _read_model(name: str, filters: dict[str, str], limit: int) -> list[dict[str, Any]]:
-        return await _guarded(name, lambda: read_models.read(name, filters, limit))
 
     async def _guarded(name: str, read: Callable[[], T]) -> T:
         """`read` of the read models, with what can go wrong as the problems of the API."""

@@ -5,8 +5,10 @@ from __future__ import annotations
 import base64
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, date, datetime, time
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -55,7 +57,18 @@ class ReadModelRows:
         return self._models
 
     def read(self, name: str, filters: dict[str, str], limit: int) -> list[dict[str, Any]]:
-        return read_rows(self.tables, self.model(name), filters, limit)
+        return self.view(name, filters, limit).rows
+
+    def view(self, name: str, filters: dict[str, str], limit: int) -> ReadModelView:
+        """Its rows and the aggregates it holds back, both of the generation readers use
+        now: read one after the other, a rebuild's switch between them would pair one
+        table's rows with another's parked aggregates."""
+        model = self.model(name)
+        generation = self.tables.current_generation(name)
+        if generation is None:
+            raise ReadModelNotBuilt(name)
+        rows = read_rows(self.tables.path(name, generation), model, filters, limit)
+        return ReadModelView(rows, self.tables.parked_in(name, generation))
 
     def keepers(self, name: str) -> Keepers | None:
         """The runs keeping the read model's generations now (Tables.keepers); None when this
@@ -79,16 +92,19 @@ class ReadModelRows:
         return positions
 
 
-def read_rows(tables: Tables, model: ReadModel, filters: dict[str, str], limit: int) -> list[dict[str, Any]]:
-    """Rows of `model` where each column equals the given value (converted to the column's
-    type), in the read model's order, at most `limit`."""
+@dataclass(frozen=True)
+class ReadModelView:
+    rows: list[dict[str, Any]]
+    parked: list[ParkedAggregate]
+
+
+def read_rows(path: Path, model: ReadModel, filters: dict[str, str], limit: int) -> list[dict[str, Any]]:
+    """Rows of `model`'s table at `path` where each column equals the given value (converted
+    to the column's type), in the read model's order, at most `limit`."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     name = model.name
-    path = tables.current_path(name)
-    if path is None:
-        raise ReadModelNotBuilt(name)
     dataset = arrow_dataset(path)
     condition = None
     for column, raw in filters.items():
