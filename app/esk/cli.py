@@ -13,6 +13,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Coroutine, Iterable, Iterator
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
@@ -63,6 +64,20 @@ cli.add_typer(subscriptions_cli, name="subscriptions")
 # it at 80 columns), as a log collector reads it; tables still fit the width.
 # No emoji codes: ":X:" in a setting (ESK_DOMAIN=pkg.mod:X) would print as an emoji.
 console = Console(soft_wrap=True, emoji=False)
+
+
+class Output(StrEnum):
+    """How a listing is printed (`--format`)."""
+
+    TABLE = "table"
+    CSV = "csv"
+    JSON = "json"
+
+
+def _output_option(each: str) -> Any:
+    return typer.Option("--format", help=f"json is JSON Lines, {each} a line.")
+
+
 err = Console(stderr=True, soft_wrap=True, emoji=False)
 log = logging.getLogger("esk.cli")
 T = TypeVar("T")
@@ -438,14 +453,13 @@ def dev(
 
 @project_cli.command("list")
 def project_list(
-    output: Annotated[str, typer.Option("--format", help="table, csv or json (JSON Lines: a read model a line)")] = "table",
+    output: Annotated[Output, _output_option("a read model")] = Output.TABLE,
 ) -> None:
     """The read models, what they read, the generation readers use, how far it has read, and
     the runs keeping them."""
     from .projections.catalog import Tables
     from .projections.positions import Position, read_model_positions
 
-    _check_format(output)
     settings = load_settings()
     tables = Tables(settings.projections.warehouse_dir)
     columns = ["name", "reads", "description", "current_table", "reflects", "kept_by", "parked"]
@@ -474,7 +488,7 @@ def project_list(
 @project_cli.command("parked")
 def project_parked(
     name: Annotated[str, typer.Argument(help="The read model.")],
-    output: Annotated[str, typer.Option("--format", help="table, csv or json (JSON Lines: an aggregate a line)")] = "table",
+    output: Annotated[Output, _output_option("an aggregate")] = Output.TABLE,
     generation: Annotated[
         int | None, typer.Option("--generation", help="Another generation than the one readers use: a rebuild on its way.")
     ] = None,
@@ -484,7 +498,6 @@ def project_parked(
     ReadModel.version, or `esk project run NAME --rebuild`) takes them in again."""
     from .projections.catalog import Tables, select_read_models
 
-    _check_format(output)
     settings = load_settings()
     try:
         select_read_models(read_models(settings), [name], False)
@@ -540,7 +553,7 @@ def project_run(
 @cli.command("sql")
 def sql(
     query: Annotated[str, typer.Argument(help='e.g. "SELECT * FROM customer_recent_orders WHERE customer_id = \'c1\'"')],
-    output: Annotated[str, typer.Option("--format", help="table, csv or json (JSON Lines: a row a line)")] = "table",
+    output: Annotated[Output, _output_option("a row")] = Output.TABLE,
     limit: Annotated[int, typer.Option(help="Rows printed at most.")] = 1000,
 ) -> None:
     """Run Spark SQL over the read models; each is a table under its own name."""
@@ -548,7 +561,6 @@ def sql(
     from .projections.session import spark_session
 
     settings = load_settings()
-    _check_format(output)
     known = list(read_models(settings))
     if not known:  # before Spark's start: seconds to tell nothing can be found
         raise fail(f"no read models to query: ESK_READ_MODELS={settings.read_models} names none (from {Path.cwd()})")
@@ -907,13 +919,12 @@ def subscriptions_status(
 def subscriptions_parked(
     name: NameArgument,
     include_resolved: Annotated[bool, typer.Option("--all", help="Retried and skipped ones too.")] = False,
-    output: Annotated[str, typer.Option("--format", help="table, csv or json (JSON Lines: an event a line)")] = "table",
+    output: Annotated[Output, _output_option("an event")] = Output.TABLE,
 ) -> None:
     """The subscription's parked events, in order per aggregate, with the reason (and, for one
     a reset's replay parked again, how it was resolved before)."""
     from rich.table import Table
 
-    _check_format(output)
     found = _operate(name, lambda operations: operations.parked(include_resolved))
     parked = sorted(found, key=lambda e: (e.aggregate_id, e.topic, e.partition, e.offset))
 
@@ -1041,11 +1052,6 @@ def _subscription_unavailable() -> tuple[type[Exception], ...]:
     from .subscriptions.stores import DatabaseMissing, DatabaseUnreachable
 
     return DatabaseMissing, DatabaseUnreachable, TopicMissing, WrittenByNewerRelease
-
-
-def _check_format(output: str) -> None:
-    if output not in ("table", "csv", "json"):
-        raise fail("--format must be table, csv or json")
 
 
 def print_rows(columns: list[str], rows: list[list[Any]], output: str) -> None:
