@@ -19,15 +19,18 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 import pytest
+from fastapi import FastAPI
 from hypothesis import HealthCheck, given, settings
 from pydantic import BaseModel, Field
 
 from esk import AggregateType, Command, Event
+from esk.api.openapi import document
 from esk.domain.json_schema import model_schema
 from esk.registry import Registry, load_registry
 from esk.schema.check import Finding, Severity, check
 from esk.schema.examples import from_schema
 from esk.schema.lock import Lock, LockError, build_lock, dumps, read_lock, write_lock
+from esk.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -162,6 +165,15 @@ def test_a_decimal_is_locked_the_same_under_every_pydantic() -> None:
         ],
         "title": "Liters",
     }
+
+
+def test_the_http_api_documents_a_decimal_as_the_lock_holds_it() -> None:
+    app = FastAPI()
+    registry = wallets(commands={"open": Open, "deposit": Priced})
+    document(app, Settings(), registry)
+    documented = app.openapi()["components"]["schemas"]["wallets.Priced"]["properties"]["price"]
+    locked = build_lock(registry).aggregates["wallets"].commands["deposit"]["properties"]["price"]
+    assert documented == locked and "pattern" in documented["anyOf"][1], documented
 
 
 def test_an_upcaster_that_forgets_a_field_is_breaking_and_shows_the_payload() -> None:

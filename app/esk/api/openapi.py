@@ -19,6 +19,7 @@ from fastapi import FastAPI
 from pydantic import BaseModel
 
 from ..domain.aggregate import AggregateType, Event
+from ..domain.json_schema import model_schema
 from ..kafka.topics import TopicNames
 from ..projections.catalog import Projection, configured_read_models
 from ..projections.reader import DECIMAL_TEXT
@@ -247,12 +248,12 @@ def _domain_components(registry: Registry) -> Schema:
         models += [(_event_schema_name(aggregate_type, e), e) for e in aggregate_type.events]
         models.append((f"{aggregate_type.name}.State", aggregate_type.state))
         for name, documented in models:
-            model_schema = documented.model_json_schema(ref_template=f"#/components/schemas/{name}.{{model}}")
-            for def_name, definition in model_schema.pop("$defs", {}).items():
+            schema = model_schema(documented, ref_template=f"#/components/schemas/{name}.{{model}}")
+            for def_name, definition in schema.pop("$defs", {}).items():
                 components[f"{name}.{def_name}"] = definition
             if issubclass(documented, Event):
-                model_schema["x-schema-version"] = documented.schema_version
-            components[name] = model_schema
+                schema["x-schema-version"] = documented.schema_version
+            components[name] = schema
     return components
 
 

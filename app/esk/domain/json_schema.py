@@ -8,7 +8,7 @@ of its schema, and a new hash rebuilds every aggregate's state from its events. 
 and earlier wrote one), so an upgrade alone would have read as a change of every model with
 a Decimal, and a command's narrowed `max_digits` no longer as one. Here a Decimal is written
 as pydantic up to 2.13 wrote it, byte for byte, so that locks and state shapes written then
-stay valid.
+stay valid; /openapi.json and the AsyncAPI document describe payloads as the lock does.
 """
 
 from __future__ import annotations
