@@ -8,12 +8,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
+import time
 from pathlib import Path
 
 import pytest
 
 from domain.orders import Placed, orders
-from esk import Context, DatabaseContext, DatabaseHandler, SideEffectHandler
+from esk import Context, DatabaseContext, DatabaseHandler, Retries, SideEffectHandler
 from esk.settings import Settings
 from tests.subscriptions.running import subscriber, subscriber_settings
 from tests.system import system, wait_for
@@ -135,3 +136,32 @@ async def test_a_handler_that_swallows_its_cancellation_does_not_hold_a_stop_up(
             await running.shutdown()  # within its 60 s, not the handler's 600
     assert swallowed.is_set()
     assert "went on after it was cancelled (its handler swallowed the cancellation?): cancelled again" in caplog.text
+
+
+failures: list[str] = []
+backing_off = SideEffectHandler("backing_off_mailer", reads=[orders], retries=Retries(attempts=3, first_delay_s=600, max_delay_s=600))
+
+
+@backing_off.on(Placed)
+async def failing_mail(event: Placed, ctx: Context) -> None:
+    failures.append(ctx.aggregate_id)
+    raise ConnectionError("the mail server does not answer")
+
+
+async def test_a_stop_does_not_wait_for_a_partition_that_waits_to_try_again(settings: Settings, tmp_path: Path) -> None:
+    """Nothing of it is in hand: what came before the failed event is committed, and the
+    event is the next owner's to try, at once."""
+    failures.clear()
+    settings = _with_grace(subscriber_settings(settings, tmp_path / "subscriptions"), 120.0)
+    order = {"customer_id": "c1", "lines": [{"sku": "a", "qty": 1, "price": 1}]}
+    async with system(settings) as s:
+        assert (await s.client.post("/v1/orders/o-backoff/place", json=order)).status_code == 200
+        async with subscriber(settings, backing_off, s.registry) as running:
+            await wait_for(lambda: bool(failures), 60, "the first attempt")
+            asked = time.monotonic()
+            await running.shutdown()
+            stopped_s = time.monotonic() - asked
+        # not its 120 s of grace, nor the 600 s of its backoff
+        assert stopped_s < 60, stopped_s
+        async with subscriber(settings, backing_off, s.registry):
+            await wait_for(lambda: len(failures) == 2, 60, "the next run to try the event at once")

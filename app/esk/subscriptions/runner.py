@@ -55,6 +55,9 @@ LAG_REPORT_S = 2.0  # how often it asks the brokers for its partitions' ends (es
 # cancellation would cut short.
 CANCEL_AGAIN_S = 5.0
 CANCEL_TRIES = 6
+# How often a stop or a rebalance looks whether a partition it waits for went into a retry's
+# backoff instead (the worker tells it no other way).
+SETTLED_POLL_S = 0.05
 _LEFT_TO_ITSELF: set[asyncio.Task[None]] = set()  # tasks that outlasted every cancellation, held until they end
 
 
@@ -94,9 +97,16 @@ class InputPartition:
         else:
             self._idle.set()
 
-    async def idle(self) -> None:
-        """Returns once no chunk is in hand: handled (and committed), or given up."""
-        await self._idle.wait()
+    @property
+    def backing_off(self) -> bool:
+        return self.worker is not None and self.worker.backing_off
+
+    async def settled(self) -> None:
+        """Returns once no chunk is in hand (handled and committed, or given up), or its worker
+        waits to try a failed event again."""
+        while not self._idle.is_set() and not self.backing_off:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), SETTLED_POLL_S)
 
     def hand_over(self, chunk: Chunk) -> None:
         self.busy = True
@@ -333,13 +343,15 @@ class SubscriptionRunner:
         """Stops the partitions' workers. Given a `why`, their chunks in hand go on to their
         commit first, for the stop grace at most, rather than be given up for the partitions'
         next owner to handle all over again: on a stop, and when a rebalance takes partitions
-        away (their offsets still commit then: the group waits for this member to rejoin)."""
-        busy = [p for tp, p in self.partitions.items() if tp in partitions and p.busy and p.running]
+        away (their offsets still commit then: the group waits for this member to rejoin). One
+        waiting to try a failed event again is not waited for: what came before it is committed,
+        and the event is the next owner's to try."""
+        busy = [p for tp, p in self.partitions.items() if tp in partitions and p.busy and p.running and not p.backing_off]
         if why is not None and busy:
             grace_s = self.settings.subscriber.stop_grace_s
             log.info("%s: %s once the %d chunks in hand are committed (%.0fs at most)", self.subscription.name, why, len(busy), grace_s)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.gather(*(p.idle() for p in busy)), grace_s)
+                await asyncio.wait_for(asyncio.gather(*(p.settled() for p in busy)), grace_s)
         await self._revoke(partitions)
 
     async def _open_stores(self, consumer: AIOKafkaConsumer, stop: asyncio.Event) -> bool:

@@ -79,6 +79,9 @@ class PartitionWorker:
         self.replay_until = 0
         self.parked: set[str] = set()
         self._not_taken_up: set[str] = set()  # parked behind nothing, and failed again when taken up
+        # waiting to try a failed event again, with all before it committed: nothing in hand
+        # that a stop or a rebalance should wait for
+        self.backing_off = False
         self._traced = traced
         self._handled = SUBSCRIPTION_EVENTS.labels(subscription.name, "handled")
         # handled since the last commit: counted once per commit, as `inc()` takes a lock
@@ -290,7 +293,11 @@ class PartitionWorker:
                 attempts, retries.attempts, retries.delay_s(attempts), error,
             )
             SUBSCRIPTION_EVENTS.labels(self.subscription.name, "failed_attempt").inc()
-            await asyncio.sleep(retries.delay_s(attempts))
+            self.backing_off = True
+            try:
+                await asyncio.sleep(retries.delay_s(attempts))
+            finally:
+                self.backing_off = False
             attempts += 1
             unit = await self.sink.begin()
             try:
