@@ -27,7 +27,7 @@ from esk import AggregateType, Command, Event
 from esk.api.openapi import document
 from esk.domain.json_schema import model_schema
 from esk.registry import Registry, load_registry
-from esk.schema.check import Finding, Severity, check
+from esk.schema.check import Finding, Severity, _holds_all, check
 from esk.schema.examples import from_schema
 from esk.schema.lock import Lock, LockError, build_lock, dumps, read_lock, write_lock
 from esk.settings import Settings
@@ -425,10 +425,31 @@ def test_a_narrowed_command_is_breaking(deposit: type[Command], path: str, words
     assert all(str(f).startswith(f"wallets command deposit: field `{path}`") for f in findings), findings
 
 
-def test_a_decimal_with_fewer_digits_is_a_narrowed_command() -> None:
+def test_a_decimal_with_fewer_digits_is_a_narrowed_command_and_with_more_a_widened_one() -> None:
     locked = build_lock(wallets(commands={"open": Open, "deposit": Priced}))
-    findings = of(Severity.BREAKING, check(wallets(commands={"open": Open, "deposit": PricedFewerDigits}), locked))
-    assert findings and {f.path for f in findings} == {"price"}, findings
+    narrowed = only(Severity.BREAKING, check(wallets(commands={"open": Open, "deposit": PricedFewerDigits}), locked))
+    assert str(narrowed) == (
+        "wallets command deposit: field `price`, a Decimal of max_digits 6, decimal_places 2, is one of max_digits 4, "
+        "decimal_places 2: existing clients may send values it refuses"
+    )
+    locked = build_lock(wallets(commands={"open": Open, "deposit": PricedFewerDigits}))
+    widened = only(Severity.COMPATIBLE, check(wallets(commands={"open": Open, "deposit": Priced}), locked))
+    assert widened.path == "price" and str(widened).endswith("accepting every value it did"), widened
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "holds"),
+    [
+        ((6, 2), (8, 2), True), ((6, 2), (6, 3), False), ((6, None), (6, 2), False), ((6, 2), (None, 2), True),
+        ((None, 2), (6, 2), False), ((None, None), (10, 2), False), ((6, 2), (None, None), True), ((6, 2), (7, 3), True),
+    ],
+)  # fmt: skip
+def test_a_decimal_holds_all_it_did_when_no_bound_of_its_digits_is_lower(
+    before: tuple[int | None, int | None], after: tuple[int | None, int | None], holds: bool
+) -> None:
+    """max_digits, the whole digits it leaves beside decimal_places, and the places (all of
+    max_digits when it has no decimal_places)."""
+    assert _holds_all(before, after) is holds
 
 
 def test_a_narrowed_field_of_a_nested_model_is_named() -> None:

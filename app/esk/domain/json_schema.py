@@ -13,6 +13,7 @@ stay valid; /openapi.json and the AsyncAPI document describe payloads as the loc
 
 from __future__ import annotations
 
+import re
 from decimal import Decimal
 from typing import Any
 
@@ -39,6 +40,16 @@ def decimal_pattern(max_digits: int | None, decimal_places: int | None) -> str:
     else:
         pointed += rf"\d{{0,{whole}}}\.\d{{0,{decimal_places}}}0*$"
     return rf"{DECIMAL_PATTERN_START}(?:\d{{0,{whole}}}|{pointed})"
+
+
+def decimal_bounds(pattern: str) -> tuple[int | None, int | None] | None:
+    """(max_digits, decimal_places) of a pattern `decimal_pattern` wrote; None for another."""
+    if not pattern.startswith(DECIMAL_PATTERN_START):
+        return None
+    digits = re.search(r"\{1,(\d+)\}", pattern)  # the lookahead's: max_digits and the point
+    places = re.search(r"\\\.\??\\d\{0,(\d+)\}", pattern)
+    bounds = (int(digits[1]) - 1 if digits else None, int(places[1]) if places else None)
+    return bounds if decimal_pattern(*bounds) == pattern else None
 
 
 class EskJsonSchema(GenerateJsonSchema):

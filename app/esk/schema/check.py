@@ -132,6 +132,10 @@ def _command_change(change: Change, after: JsonSchema) -> tuple[Severity, str]:
     # Judge this field's own keywords alone: its nested fields' changes are findings of their
     # own, so those come from `after` on both sides (and both read `after`'s definitions).
     own_change = {**{k: v for k, v in change.before.items() if k not in change.walked}, **{k: v for k, v in change.after.items() if k in change.walked}}
+    if (bounds := change.decimal_bounds()) is not None:
+        if _holds_all(*bounds):
+            return Severity.COMPATIBLE, ", accepting every value it did"
+        return Severity.BREAKING, ": existing clients may send values it refuses"
     unjudged = [k for k in _TEXT_CHECKS if change.after.get(k) is not None and change.after.get(k) != own_change.get(k)]
     if unjudged:
         return Severity.BREAKING, (
@@ -146,6 +150,18 @@ def _command_change(change: Change, after: JsonSchema) -> tuple[Severity, str]:
 # A string's keywords jsoncompat passes over (it calls any pattern or format compatible): a
 # new or changed one is judged here; dropping one only accepts more.
 _TEXT_CHECKS = ("pattern", "format")
+
+
+def _holds_all(before: tuple[int | None, int | None], after: tuple[int | None, int | None]) -> bool:
+    """Whether a Decimal bounded by `after`'s (max_digits, decimal_places) holds every value
+    one bounded by `before`'s did: as many digits, whole digits and places, or more."""
+
+    def limits(max_digits: int | None, decimal_places: int | None) -> tuple[int | None, int | None, int | None]:
+        whole = None if max_digits is None else max_digits if decimal_places is None else max(0, max_digits - decimal_places)
+        places = max_digits if decimal_places is None else decimal_places
+        return max_digits, whole, places
+
+    return all(new is None or (old is not None and new >= old) for old, new in zip(limits(*before), limits(*after), strict=True))
 
 
 def _accepts_all(before: Schema, after: Schema, root_before: Schema, root_after: Schema) -> bool:

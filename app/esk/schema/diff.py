@@ -13,6 +13,8 @@ from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from ..domain.json_schema import decimal_bounds
+
 Schema = Mapping[str, Any]
 ChangeKind = Literal["added", "removed", "now required", "now optional", "changed"]
 
@@ -53,7 +55,20 @@ class Change:
             return f"{name} is now required"
         if self.kind == "now optional":
             return f"{name} is no longer required"
+        if (bounds := self.decimal_bounds()) is not None:
+            return f"{name}, a Decimal of {_digits(*bounds[0])}, is one of {_digits(*bounds[1])}"
         return f"{name} changed from {self.shown(self.before)} to {self.shown(self.after)}"
+
+    def decimal_bounds(self) -> tuple[tuple[int | None, int | None], tuple[int | None, int | None]] | None:
+        """Of a Decimal whose digits alone changed: its (max_digits, decimal_places) before
+        and after, read from its text's pattern (`esk.domain.json_schema`); else None."""
+        if self.kind != "changed" or self.before is None or self.after is None:
+            return None
+        before, after = _own(self.before, self.walked), _own(self.after, self.walked)
+        if {k: v for k, v in before.items() if k != "pattern"} != {k: v for k, v in after.items() if k != "pattern"}:
+            return None
+        old, new = decimal_bounds(str(before.get("pattern", ""))), decimal_bounds(str(after.get("pattern", "")))
+        return None if old is None or new is None else (old, new)
 
     def shown(self, schema: Schema | None) -> str:
         """This field's own keywords (not its nested fields'), compact."""
@@ -61,6 +76,10 @@ class Change:
             return "nothing"
         text = json.dumps(canonical(_own(schema, self.walked), {}), sort_keys=True, separators=(",", ":"))
         return text if len(text) <= 160 else text[:157] + "..."
+
+
+def _digits(max_digits: int | None, decimal_places: int | None) -> str:
+    return f"max_digits {'unbounded' if max_digits is None else max_digits}, decimal_places {'unbounded' if decimal_places is None else decimal_places}"
 
 
 def differences(before: Schema, after: Schema) -> list[Change]:
