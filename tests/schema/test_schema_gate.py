@@ -27,7 +27,7 @@ from esk import AggregateType, Command, Event
 from esk.api.openapi import document
 from esk.domain.json_schema import model_schema
 from esk.registry import Registry, load_registry
-from esk.schema.check import Finding, Severity, _holds_all, check
+from esk.schema.check import Finding, Severity, _holds_all, _json, check
 from esk.schema.examples import from_schema
 from esk.schema.lock import Lock, LockError, build_lock, dumps, read_lock, write_lock
 from esk.settings import Settings
@@ -186,6 +186,11 @@ def test_an_upcaster_that_forgets_a_field_is_breaking_and_shows_the_payload() ->
     finding = only(Severity.BREAKING, check(registry, LOCKED))
     assert (finding.name, finding.path) == ("Deposited", "currency")
     assert 'the upcasters turn the v1 payload {"amount": 0} into one the v2 model refuses (field `currency`: Field required)' in str(finding)
+
+
+def test_a_payload_shown_escapes_what_does_not_print() -> None:
+    """A C1 control Hypothesis drew showed as an empty text, for a field of minLength 1."""
+    assert _json({"aisle": "\x90", "name": "Zoë", "gap": "\u200b"}) == '{"aisle": "\\u0090", "name": "Zoë", "gap": "\\u200b"}'
 
 
 def test_the_upcasters_are_run_not_trusted() -> None:

@@ -277,7 +277,10 @@ def _upcasting_problem(aggregate: AggregateType[Any], name: str, version: int, s
 
 
 def _json(payload: Any) -> str:
+    """`payload` as JSON to read in a line: every character that does not print (a C1
+    control, a zero-width space, as Hypothesis draws them) escaped, as none would be seen."""
     text = json.dumps(payload, ensure_ascii=False, separators=(", ", ": "))
+    text = "".join(c if c.isprintable() else json.dumps(c)[1:-1] for c in text)
     return text if len(text) <= _LONGEST_EXAMPLE else text[: _LONGEST_EXAMPLE - 3] + "..."
 
 
