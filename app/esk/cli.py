@@ -702,6 +702,22 @@ def stored_events_broken(registry: Registry, lock: Lock) -> list[Finding]:
     return [f for f in check(registry, lock) if breaks_stored_events(f)]
 
 
+def _against_recorded(settings: Settings, registry: Registry) -> list[Finding]:
+    """Each event version the code writes that `<app>.schemas` holds with another shape."""
+    from .kafka.metadata import TopicMissing
+    from .schema.check import Finding, Severity
+    from .schema.recorded import contradictions, recorded_schemas, written_schemas
+
+    require_kafka_access(settings, "--recorded")
+    topic = TopicNames(settings.app).schemas
+    try:
+        with told_when_refused(settings):
+            held = asyncio.run(recorded_schemas(settings))
+    except TopicMissing:
+        held = {}  # no processor ever ran: nothing stored
+    return [Finding(Severity.BREAKING, "", "event", "", "", told) for told in contradictions(written_schemas(registry), held, topic)]
+
+
 def breaks_stored_events(finding: Finding) -> bool:
     """A breaking finding that `esk schema lock` refuses: a lock cannot make the events
     stored under the old one readable again (a command change only breaks clients)."""
@@ -747,7 +763,16 @@ def schema_lock(
 
 
 @schema_cli.command("check")
-def schema_check(file: LockFileOption = LOCK_FILE) -> None:
+def schema_check(
+    file: LockFileOption = LOCK_FILE,
+    recorded: Annotated[
+        bool,
+        typer.Option(
+            "--recorded",
+            help="Also against the event schemas the brokers hold (<app>.schemas): what a release stored that this lock does not know (after a rollback).",
+        ),
+    ] = False,
+) -> None:
     """Compare the code with the lock file; exit 1 on a change that breaks stored events or HTTP clients."""
     from .schema.check import Severity, check
 
@@ -757,6 +782,8 @@ def schema_check(file: LockFileOption = LOCK_FILE) -> None:
         findings = check(registry, read_lock(file))
     except LockError as error:
         raise fail(str(error)) from None
+    if recorded:
+        findings += _against_recorded(settings, registry)
     colors = {Severity.BREAKING: "red", Severity.COMPATIBLE: "green", Severity.INFO: "blue"}
     for severity in Severity:
         group = [f for f in findings if f.severity is severity]

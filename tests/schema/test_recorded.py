@@ -24,6 +24,7 @@ from esk.kafka.client_options import client_options
 from esk.kafka.reader import read_committed
 from esk.kafka.topics import TopicNames, ensure_topics, topic_specs
 from esk.registry import Registry
+from esk.schema.lock import build_lock, write_lock
 from esk.schema.recorded import SchemasContradicted, hold_to_recorded_schemas, recorded_schemas
 from esk.settings import Settings
 
@@ -121,21 +122,43 @@ SHOP = """
 """
 
 
+def _shop(settings: Settings, tmp_path: Path) -> dict[str, str]:
+    """The hotfix's project in `tmp_path`; the environment its esk commands run in."""
+    (tmp_path / "shop.py").write_text(textwrap.dedent(SHOP), encoding="utf-8")
+    return {k: v for k, v in os.environ.items() if not k.startswith(("ESK_", "_ESK_"))} | {
+        "ESK_DOMAIN": "shop:AGGREGATES", "ESK_APP": settings.app, "ESK_KAFKA__BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+        "ESK_PROCESSOR__METRICS_PORT": "0", "ESK_PROCESSOR__STATE_DIR": str(tmp_path / "state"),
+    }  # fmt: skip
+
+
+async def _esk(tmp_path: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-m", "esk", *args], cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env,
+    )
+
+
 async def test_esk_processor_refuses_to_start_on_code_that_contradicts_them_with_no_lock_file(settings: Settings, tmp_path: Path) -> None:
     """No lock file beside it (a COPY forgotten, or a hotfix's): the brokers still tell."""
     await ensure_topics(settings, topic_specs(settings, ["tills"]))
     await hold_to_recorded_schemas(settings, RELEASE_2, refuse=True)
-    (tmp_path / "shop.py").write_text(textwrap.dedent(SHOP), encoding="utf-8")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ESK_", "_ESK_"))} | {
-        "ESK_DOMAIN": "shop:AGGREGATES", "ESK_APP": settings.app, "ESK_KAFKA__BOOTSTRAP_SERVERS": settings.bootstrap_servers,
-        "ESK_PROCESSOR__METRICS_PORT": "0", "ESK_PROCESSOR__STATE_DIR": str(tmp_path / "state"),
-    }  # fmt: skip
-    processor = await asyncio.to_thread(
-        subprocess.run, [sys.executable, "-m", "esk", "processor"], cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env,
-    )
+    processor = await _esk(tmp_path, _shop(settings, tmp_path), "processor")
     assert processor.returncode == 1, processor.stderr
     assert "tills event Opened v2: new required field `owner`, against the v2 events stored" in processor.stderr
     assert processor.stderr.strip().splitlines()[-1].startswith(
         f"error: {settings.app}.schemas: this code would write events of another shape under schema versions stored already"
     ), processor.stderr
     assert await records(settings) == 1  # nothing recorded of it
+
+
+async def test_a_hotfix_checked_with_recorded_is_told_what_the_rolled_back_release_stored(settings: Settings, tmp_path: Path) -> None:
+    """The lock a rollback took back is release 1's, which never saw release 2's v2: the
+    hotfix's v2 of another shape passes it, and the brokers' record tells it."""
+    await ensure_topics(settings, topic_specs(settings, ["tills"]))
+    await hold_to_recorded_schemas(settings, RELEASE_2, refuse=True)
+    env = _shop(settings, tmp_path)
+    write_lock(build_lock(RELEASE_1), tmp_path / "esk.lock.json")
+    assert (checked := await _esk(tmp_path, env, "schema", "check")).returncode == 0, checked.stderr
+    checked = await _esk(tmp_path, env, "schema", "check", "--recorded")
+    assert checked.returncode == 1, checked.stdout + checked.stderr
+    assert "tills event Opened v2: new required field `owner`, against the v2 events stored" in checked.stdout
+    assert "they break the events stored under it" in checked.stderr
