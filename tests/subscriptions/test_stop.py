@@ -6,9 +6,11 @@ next owner to do all over again."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sqlite3
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,7 @@ from domain.orders import Placed, orders
 from esk import Context, DatabaseContext, DatabaseHandler, Retries, SideEffectHandler
 from esk.settings import Settings
 from tests.subscriptions.running import subscriber, subscriber_settings
-from tests.system import system, wait_for
+from tests.system import System, system, wait_for
 
 pytestmark = pytest.mark.kafka
 
@@ -34,6 +36,15 @@ async def placed(event: Placed, ctx: DatabaseContext) -> None:
     await asyncio.sleep(HANDLER_S)  # a slow handler: the stop comes while its chunk is in hand
 
 
+@contextlib.asynccontextmanager
+async def _placed(settings: Settings, order_id: str) -> AsyncIterator[System]:
+    """A system in which order `order_id` was placed."""
+    async with system(settings) as s:
+        order = {"customer_id": "c1", "lines": [{"sku": "a", "qty": 1, "price": 1}]}
+        assert (await s.client.post(f"/v1/orders/{order_id}/place", json=order)).status_code == 200
+        yield s
+
+
 def _with_grace(settings: Settings, grace_s: float) -> Settings:
     return settings.model_copy(update={"subscriber": settings.subscriber.model_copy(update={"stop_grace_s": grace_s})})
 
@@ -48,9 +59,7 @@ async def test_a_stop_lets_the_chunk_in_hand_commit_within_its_grace(settings: S
     in_hand.clear()
     data_dir = tmp_path / "subscriptions"
     settings = _with_grace(subscriber_settings(settings, data_dir), grace_s)
-    order = {"customer_id": "c1", "lines": [{"sku": "a", "qty": 1, "price": 1}]}
-    async with system(settings) as s:
-        assert (await s.client.post("/v1/orders/o-stop/place", json=order)).status_code == 200
+    async with _placed(settings, "o-stop") as s:
         async with subscriber(settings, slow, s.registry) as running:
             await asyncio.wait_for(in_hand.wait(), 60)
             await running.shutdown()  # as SIGTERM asks
@@ -85,15 +94,13 @@ async def test_a_rebalance_lets_the_chunk_in_hand_commit_before_its_partition_mo
     calls.clear()
     revoking.clear()
     settings = _with_grace(subscriber_settings(settings, tmp_path / "subscriptions"), grace_s)
-    order = {"customer_id": "c1", "lines": [{"sku": "a", "qty": 1, "price": 1}]}
     watch = _Revoking()
     coordinator_log = logging.getLogger("aiokafka.consumer.group_coordinator")
     level = coordinator_log.level
     coordinator_log.addHandler(watch)
     coordinator_log.setLevel(logging.INFO)
     try:
-        async with system(settings) as s:
-            assert (await s.client.post("/v1/orders/o-rebalance/place", json=order)).status_code == 200
+        async with _placed(settings, "o-rebalance") as s:
             async with subscriber(settings, mailer, s.registry) as first:
                 await wait_for(lambda: bool(calls), 60, "the first member to take the order in hand")
                 async with subscriber(settings, mailer, s.registry) as second:
@@ -128,9 +135,7 @@ async def test_a_handler_that_swallows_its_cancellation_does_not_hold_a_stop_up(
     calls.clear()
     swallowed.clear()
     settings = _with_grace(subscriber_settings(settings, tmp_path / "subscriptions"), 0.0)
-    order = {"customer_id": "c1", "lines": [{"sku": "a", "qty": 1, "price": 1}]}
-    async with system(settings) as s:
-        assert (await s.client.post("/v1/orders/o-stubborn/place", json=order)).status_code == 200
+    async with _placed(settings, "o-stubborn") as s:
         async with subscriber(settings, stubborn, s.registry) as running:
             await wait_for(lambda: bool(calls), 60, "the order in hand")
             await running.shutdown()  # within its 60 s, not the handler's 600
@@ -153,9 +158,7 @@ async def test_a_stop_does_not_wait_for_a_partition_that_waits_to_try_again(sett
     event is the next owner's to try, at once."""
     failures.clear()
     settings = _with_grace(subscriber_settings(settings, tmp_path / "subscriptions"), 120.0)
-    order = {"customer_id": "c1", "lines": [{"sku": "a", "qty": 1, "price": 1}]}
-    async with system(settings) as s:
-        assert (await s.client.post("/v1/orders/o-backoff/place", json=order)).status_code == 200
+    async with _placed(settings, "o-backoff") as s:
         async with subscriber(settings, backing_off, s.registry) as running:
             await wait_for(lambda: bool(failures), 60, "the first attempt")
             asked = time.monotonic()
