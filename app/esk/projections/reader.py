@@ -8,7 +8,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -65,9 +64,7 @@ class ReadModelRows:
         table's rows with another's parked aggregates."""
         model = self.model(name)
         generation = self.tables.current_generation(name)
-        if generation is None:
-            raise ReadModelNotBuilt(name)
-        rows = read_rows(self.tables.path(name, generation), model, filters, limit)
+        rows = read_rows(self.tables, model, filters, limit, generation)
         return ReadModelView(rows, self.tables.parked_in(name, generation))
 
     def keepers(self, name: str) -> Keepers | None:
@@ -98,14 +95,20 @@ class ReadModelView:
     parked: list[ParkedAggregate]
 
 
-def read_rows(path: Path, model: ReadModel, filters: dict[str, str], limit: int) -> list[dict[str, Any]]:
-    """Rows of `model`'s table at `path` where each column equals the given value (converted
-    to the column's type), in the read model's order, at most `limit`."""
+def read_rows(
+    tables: Tables, model: ReadModel, filters: dict[str, str], limit: int, generation: int | None = None
+) -> list[dict[str, Any]]:
+    """Rows of `model` where each column equals the given value (converted to the column's
+    type), in the read model's order, at most `limit`: of `generation`, or the one readers
+    use."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     name = model.name
-    dataset = arrow_dataset(path)
+    generation = tables.current_generation(name) if generation is None else generation
+    if generation is None:
+        raise ReadModelNotBuilt(name)
+    dataset = arrow_dataset(tables.path(name, generation))
     condition = None
     for column, raw in filters.items():
         if column not in dataset.schema.names:
