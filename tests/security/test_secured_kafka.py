@@ -148,6 +148,21 @@ def test_a_wrong_password_stops_each_process_at_start_with_one_line(
         assert "invalid credentials" in line and "ESK_KAFKA__SASL_PLAIN_PASSWORD" in line, (name, line)
 
 
+def test_tls_without_sasl_to_a_sasl_listener_stops_each_process_at_start_with_one_line(
+    secured_broker: EmbeddedBroker, certificates: Certificates, tmp_path: Path
+) -> None:
+    """The listener answers the connection's first request (ApiVersions, asked before any
+    SASL handshake) and hangs up at the next: the processes waited for ever."""
+    tls_only = Settings(app="tls-only", kafka=kafka_security(secured_broker, certificates, security_protocol="SSL"), _env_file=None)
+    commands = {"processor": ["processor"], "api": ["api"], "subscriber": ["subscriber", "customer_ledger"], "topics": ["topics", "init"]}
+    for name, line in one_line_exits(tls_only, tmp_path, commands).items():
+        assert line == (
+            f"error: Kafka at {secured_broker.bootstrap} closed the connection at esk's first request: does its listener ask for "
+            "SASL? ESK_KAFKA__SECURITY_PROTOCOL=SSL leaves it out (SASL_SSL with ESK_KAFKA__SASL_MECHANISM, "
+            "ESK_KAFKA__SASL_PLAIN_USERNAME and ESK_KAFKA__SASL_PLAIN_PASSWORD)"
+        ), (name, line)
+
+
 def test_a_missing_acl_stops_each_process_with_one_line(secured_broker: EmbeddedBroker, certificates: Certificates, tmp_path: Path) -> None:
     """The authorizer refuses a principal what no ACL allows: each process says so in a
     line that names what was refused and the command that prints esk's ACLs, at once,
@@ -332,3 +347,11 @@ def test_a_wrong_key_password_or_a_missing_file_stops_topics_init_with_one_line(
     )
     missing = environment | {"ESK_KAFKA__SSL_PASSWORD": CLIENT_KEY_PASSWORD, "ESK_KAFKA__SSL_CAFILE": str(tmp_path / "missing.crt")}
     assert topics_init_error(monkeypatch, missing) == f"error: esk's TLS files could not be read (No such file or directory): {check}"
+    # an encrypted key and no password: OpenSSL asked for it on the terminal, twice
+    unset = {k: v for k, v in {**os.environ, **environment}.items() if k != "ESK_KAFKA__SSL_PASSWORD"}
+    told = subprocess.run(
+        [sys.executable, "-m", "esk", "topics", "init"], env=unset, cwd=Path(__file__).resolve().parents[2],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert told.returncode == 1 and "pass phrase" not in told.stdout + told.stderr, told.stderr
+    assert told.stderr.strip().endswith(check), told.stderr

@@ -100,7 +100,8 @@ def client_options(settings: Settings) -> dict[str, Any]:
             cafile=kafka.ssl_cafile,
             certfile=kafka.ssl_certfile,
             keyfile=kafka.ssl_keyfile,
-            password=kafka.ssl_password,
+            # Not None: OpenSSL would ask for an encrypted key's password on the terminal
+            password=kafka.ssl_password if kafka.ssl_password is not None else "",
         )
         context.check_hostname = kafka.ssl_check_hostname
         options["ssl_context"] = context
@@ -179,9 +180,21 @@ async def check_access(settings: Settings) -> bool:
             closed_in_handshake.append(address)
         except (OSError, TimeoutError, KafkaError):
             continue  # down, or not there: the next address, else the clients' own handling
-        else:
+        try:
+            # A SASL listener answers ApiVersions, which the connection asked, before its
+            # handshake, and hangs up at any other request of a client that skipped it.
+            await connection.send(MetadataRequest([]))
+        except (OSError, KafkaError):
+            if not protocol.startswith("SASL"):
+                raise KafkaAccessError(
+                    f"{where} closed the connection at esk's first request: does its listener ask for SASL? "
+                    f"ESK_KAFKA__SECURITY_PROTOCOL={protocol} leaves it out (SASL_{'SSL' if protocol == 'SSL' else 'PLAINTEXT'} "
+                    "with ESK_KAFKA__SASL_MECHANISM, ESK_KAFKA__SASL_PLAIN_USERNAME and ESK_KAFKA__SASL_PLAIN_PASSWORD)"
+                ) from None
+            continue
+        finally:
             connection.close()
-            return True
+        return True
     if closed_in_handshake:
         raise KafkaAccessError(
             f"Kafka at {', '.join(closed_in_handshake)} closed the connection during the handshake: "
