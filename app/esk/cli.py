@@ -25,7 +25,7 @@ from rich.markup import escape
 from .broker import BrokerError, EmbeddedBroker
 from .kafka.acls import AUTHORIZATION_REFUSED, kafka_acls_script, refused_by_authorizer
 from .kafka.client_options import KafkaAccessError, check_access
-from .kafka.topics import TopicNames, coordinators_ready, ensure_topics, missing_topics, topic_specs
+from .kafka.topics import TopicNames, TopicSpec, coordinators_ready, ensure_topics, missing_topics, topic_specs
 from .logs import configure_logging
 from .registry import ImportFailed, Registry, SettingMistake, load_registry
 from .schema.lock import LOCK_FILE, Lock, LockError, build_lock, project_lock, read_lock, write_lock
@@ -263,16 +263,22 @@ def topics_init(
     partitions: Annotated[int | None, typer.Option(help="Partitions per topic (ESK_TOPICS__PARTITIONS).")] = None,
 ) -> None:
     """Create the application's topics, or check the ones that exist; exit 1 on any mismatch."""
+    from .subscriptions.api import DatabaseHandler
+    from .subscriptions.parked_topic import parked_topic_spec
+
     settings = load_settings(topics__partitions=partitions)
-    init_topics(settings)
+    # The Kafka kinds' parked topics too, which each subscriber makes at its start
+    # otherwise: a principal that may not create topics runs them once an admin ran this.
+    parked = [parked_topic_spec(settings, name) for name, s in configured_subscriptions(settings).items() if not isinstance(s, DatabaseHandler)]
+    init_topics(settings, parked)
 
 
-def init_topics(settings: Settings) -> None:
+def init_topics(settings: Settings, more: list[TopicSpec] | None = None) -> None:
     registry = domain_registry(settings)
     require_kafka_access(settings, "making or checking the topics")
     try:
         with told_when_refused(settings):
-            report = asyncio.run(ensure_topics(settings, topic_specs(settings, registry)))
+            report = asyncio.run(ensure_topics(settings, [*topic_specs(settings, registry), *(more or [])]))
     except (KafkaError, TimeoutError) as error:  # no answer after a minute of asking
         raise fail(f"making or checking the topics failed: {error!r}") from None
     if (unanswered := asyncio.run(coordinators_ready(settings))) is not None:

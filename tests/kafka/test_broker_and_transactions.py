@@ -159,6 +159,19 @@ def test_topics_init_refused_by_the_cluster_says_so_in_a_line(settings: Settings
     )
 
 
+def test_topics_init_makes_the_parked_topics_of_the_kafka_kinds_subscriptions(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each subscriber would make its own at its start: one whose principal may not create
+    topics could not run (a walkthrough against a cluster with ACLs)."""
+    app = f"{settings.app}-parked"
+    monkeypatch.setenv("ESK_APP", app)
+    monkeypatch.setenv("ESK_KAFKA__BOOTSTRAP_SERVERS", settings.bootstrap_servers)
+    monkeypatch.setenv("ESK_SUBSCRIPTIONS", "subscriptions:SUBSCRIPTIONS")  # a reactor (payments) and a database handler
+    result = CliRunner().invoke(esk_cli.cli, ["topics", "init"])
+    assert result.exit_code == 0, result.output
+    assert f"created  {app}.subscription.payments.parked" in result.output.splitlines()
+    assert "customer_ledger" not in result.output  # its parked events are in its database
+
+
 def test_esk_clients_never_make_a_topic_the_broker_would_make_on_its_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """On a cluster that makes a topic a client names (auto.create.topics.enable, Kafka's
     default), a processor or subscriber started before `esk topics init` would make its
