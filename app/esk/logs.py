@@ -7,20 +7,22 @@ a three-broker cluster with a broker killed every 10 to 20 s made esk's processe
 thousands of such lines in two minutes, nearly all "Unable connect to node" and
 NodeNotReadyError. `BrokerConnectionFilter` says once per broker that it is unreachable
 (WARNING) and once that it answers again (INFO, with the failed attempts and how long it
-took), keeps every error the client retries by itself at DEBUG, and sums those up at most
-once a minute when no unreachable broker explains them (a broker that answers slowly).
+took), or that it refuses esk's client (its credentials or certificate: the broker
+answers), keeps every error the client retries by itself at DEBUG, and sums those up at
+most once a minute when no unreachable broker explains them (a broker that answers slowly).
 """
 
 from __future__ import annotations
 
 import logging
+import ssl
 import sys
 import threading
 from collections import Counter
 from dataclasses import dataclass
 from typing import Literal, TextIO
 
-from aiokafka.errors import KafkaError
+from aiokafka.errors import AuthenticationFailedError, KafkaError, SaslAuthenticationFailed
 from pythonjsonlogger.orjson import OrjsonFormatter
 
 LogFormat = Literal["text", "json"]
@@ -35,6 +37,7 @@ CONNECT_FAILED = "Unable connect to node with id %s: %s"  # ERROR: a connection 
 BOOTSTRAP_FAILED = 'Unable connect to "%s:%s": %s'  # ERROR: the same, to a bootstrap address
 CONNECTING = "Initiating connection to node %s at %s:%s"  # DEBUG: names a node's address
 RESPONSE = "Response from %s:%d %d: %s"  # DEBUG (aiokafka.conn): a broker answered
+AUTHENTICATED = "Authenticated as %s via %s"  # INFO (aiokafka.conn): a SASL (PLAIN, SCRAM) handshake went through
 METADATA_FAILED = "Unable to update metadata from %s"  # ERROR: no broker answered; tried again at once
 # What a group member says while its coordinator is away (aiokafka/consumer/group_coordinator.py):
 # it finds the coordinator again, and rejoins the group when its session expired meanwhile.
@@ -94,6 +97,7 @@ class _Outage:
     attempts: int
     retried_before: int  # the filter's count of retried errors when the outage began
     last: float  # record.created of the latest failed attempt
+    refused: str | None = None  # "sasl" or "tls": the broker answers, and refuses esk's client
 
 
 class BrokerConnectionFilter(logging.Filter):
@@ -142,11 +146,17 @@ class BrokerConnectionFilter(logging.Filter):
         return True
 
     def _failed(self, record: logging.LogRecord, broker: str, error: object) -> None:
+        refused = _refused(error)
         outage = self.outages.get(broker)
         if outage is not None:
             outage.attempts += 1
             outage.last = record.created
-            _demote(record)
+            if refused is None or outage.refused == refused:
+                _demote(record)
+                return
+            # Away at first (restarted), it answers now, and refuses: what changed is said
+            outage.refused = refused
+            _replace(record, logging.WARNING, _refusal(broker, error, refused))
             return
         if record.created - self.recovered.get(broker, -RECOVERY_GRACE_S) < RECOVERY_GRACE_S:
             self.retried += 1
@@ -154,13 +164,14 @@ class BrokerConnectionFilter(logging.Filter):
             return
         if not self.outages:
             self.library.setLevel(logging.DEBUG)  # to see the broker answer again
-        self.outages[broker] = _Outage(record.created, 1, self.retried, record.created)
+        self.outages[broker] = _Outage(record.created, 1, self.retried, record.created, refused)
         _replace(
             record,
             logging.WARNING,
+            _refusal(broker, error, refused) if refused is not None else
             f"Kafka broker {broker} unreachable ({error}); the Kafka client keeps retrying, "
             "its errors are logged at DEBUG until the broker answers again",
-        )
+        )  # fmt: skip
 
     def _signal(self, record: logging.LogRecord, args: tuple[object, ...]) -> bool:
         """A record of aiokafka below WARNING: a node's address, or a broker that answered.
@@ -169,9 +180,16 @@ class BrokerConnectionFilter(logging.Filter):
             self.addresses[f"node {args[0]}"] = f"{args[1]}:{args[2]}"
         elif record.msg == RESPONSE and len(args) == 4 and self.outages:
             address = f"{args[0]}:{args[1]}"
-            back = [b for b in self.outages if address in (b, self.addresses.get(b))]
+            # A SASL listener answers before the handshake that refuses the client
+            back = [b for b, o in self.outages.items() if address in (b, self.addresses.get(b)) and o.refused != "sasl"]
             if back:
                 self._recovered(record, address, back)
+                return True
+        elif record.msg == AUTHENTICATED and self.outages:
+            # It names no broker: the credentials that one took are everyone's
+            back = [b for b, o in self.outages.items() if o.refused == "sasl"]
+            if back:
+                self._recovered(record, self.addresses.get(back[0], back[0]), back)
                 return True
         return record.levelno >= self.library_level
 
@@ -247,6 +265,27 @@ def retried_kind(record: logging.LogRecord) -> str | None:
 
 def _demote(record: logging.LogRecord) -> None:
     _set_level(record, logging.DEBUG)
+
+
+def _refused(error: object) -> str | None:
+    """"sasl" or "tls" when `error` is a broker refusing esk's client (its credentials, or
+    the certificate it shows), not one away; None otherwise."""
+    if isinstance(error, SaslAuthenticationFailed | AuthenticationFailedError):
+        return "sasl"
+    if isinstance(error, ssl.SSLError):
+        return "tls"
+    return None
+
+
+def _refusal(broker: str, error: object, refused: str) -> str:
+    check = (
+        "ESK_KAFKA__SASL_PLAIN_USERNAME and ESK_KAFKA__SASL_PLAIN_PASSWORD (changed on the cluster?)" if refused == "sasl" else
+        "ESK_KAFKA__SSL_CAFILE, ESK_KAFKA__SSL_CERTFILE and ESK_KAFKA__SSL_KEYFILE (the broker's or esk's certificate changed?)"
+    )  # fmt: skip
+    return (
+        f"Kafka broker {broker} refuses esk's client ({error}): check {check}; the Kafka client keeps retrying, "
+        "its errors are logged at DEBUG until the broker takes it again"
+    )
 
 
 def _set_level(record: logging.LogRecord, level: int) -> None:

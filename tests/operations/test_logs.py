@@ -12,6 +12,7 @@ import io
 import json
 import logging
 import re
+import ssl
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +25,7 @@ from aiokafka.errors import (
     NodeNotReadyError,
     NotLeaderForPartitionError,
     RequestTimedOutError,
+    SaslAuthenticationFailed,
     TopicAuthorizationFailedError,
 )
 from pydantic import ValidationError
@@ -35,6 +37,7 @@ from esk.broker.ports import free_port_pair
 from esk.cli import cli, load_settings
 from esk.logs import (
     AFTER_OUTAGE_S,
+    AUTHENTICATED,
     BOOTSTRAP_FAILED,
     CONNECT_FAILED,
     CONNECTING,
@@ -113,6 +116,35 @@ def test_a_broker_outage_is_said_once_and_its_end_once(output: io.StringIO) -> N
     assert CLIENT.level == logging.WARNING, "back to quiet"
     CLIENT.error(CONNECT_FAILED, 2, refused(9093))  # an attempt begun before it answered
     assert len(lines(output)) == 2, "no new outage"
+
+
+def test_a_broker_that_refuses_the_credentials_is_told_so_and_back_once_they_are_taken(output: io.StringIO) -> None:
+    """A password rotated on the cluster: the broker answers every attempt (ApiVersions,
+    before the SASL handshake), which read as \"reachable again\" after each refusal."""
+    for _ in range(50):
+        CLIENT.debug(CONNECTING, 1, "127.0.0.1", 9093)
+        CLIENT.error(CONNECT_FAILED, 1, SaslAuthenticationFailed("invalid credentials"))
+        CONN.debug(RESPONSE, "127.0.0.1", 9093, 1, "ApiVersionsResponse(...)")
+    [refused] = lines(output)
+    assert refused.endswith(
+        "WARNING aiokafka: Kafka broker node 1 refuses esk's client ([Error 58] SaslAuthenticationFailed: invalid credentials): check "
+        "ESK_KAFKA__SASL_PLAIN_USERNAME and ESK_KAFKA__SASL_PLAIN_PASSWORD (changed on the cluster?); the Kafka client keeps "
+        "retrying, its errors are logged at DEBUG until the broker takes it again"
+    ), refused
+    CONN.info(AUTHENTICATED, "esk", "SCRAM-SHA-512")
+    refused, back = lines(output)
+    assert "Kafka broker node 1 (127.0.0.1:9093) reachable again after 50 failed connection attempts" in back, back
+
+
+def test_a_broker_away_that_answers_with_a_certificate_not_trusted_is_told_so(output: io.StringIO) -> None:
+    """Restarted with a certificate of another CA: its first refusals are not its outage's."""
+    outage_noise(2, 9093, times=3)
+    untrusted = ssl.SSLCertVerificationError(1, "[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: self-signed certificate in certificate chain")
+    for _ in range(20):
+        CLIENT.error(CONNECT_FAILED, 2, untrusted)
+    unreachable, refused = lines(output)
+    assert "node 2 unreachable ([Errno 111] Connect call failed" in unreachable
+    assert "node 2 refuses esk's client ([SSL: CERTIFICATE_VERIFY_FAILED]" in refused and "check ESK_KAFKA__SSL_CAFILE" in refused, refused
 
 
 def test_a_broker_that_fails_again_later_is_a_new_outage(output: io.StringIO, monkeypatch: pytest.MonkeyPatch) -> None:
