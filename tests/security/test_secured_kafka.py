@@ -11,6 +11,7 @@ import contextlib
 import os
 import re
 import sqlite3
+import ssl
 import subprocess
 import sys
 import time
@@ -24,7 +25,7 @@ from typer.testing import CliRunner
 from esk.broker import EmbeddedBroker
 from esk.cli import cli, init_topics
 from esk.kafka.acls import PrefixedAcl
-from esk.kafka.client_options import client_options
+from esk.kafka.client_options import client_options, not_trusted
 from esk.kafka.topics import TopicNames, coordinators_ready, ensure_topics, topic_specs
 from esk.protocol import EventRecord
 from esk.registry import load_registry
@@ -260,6 +261,24 @@ def test_an_untrusted_certificate_stops_topics_init_with_one_line(
         f"error: Kafka at {secured_settings.bootstrap_servers}: its TLS certificate is not trusted (self-signed certificate); "
         "ESK_KAFKA__SSL_CAFILE names the CA certificates to trust (PEM)"
     )
+
+
+@pytest.mark.parametrize(
+    ("code", "why", "advice"),
+    [
+        (10, "certificate has expired", "the broker needs a certificate renewed (or esk's clock is wrong): no setting of esk's mends it"),
+        (62, "Hostname mismatch, certificate is not valid for 'vm'.",
+         "ESK_KAFKA__BOOTSTRAP_SERVERS names the brokers as their certificates do not: name them as they do "
+         "(ESK_KAFKA__SSL_CHECK_HOSTNAME=false skips the host name check)"),
+        (19, "self-signed certificate in certificate chain", "ESK_KAFKA__SSL_CAFILE names the CA certificates to trust (PEM)"),
+    ],
+    ids=["expired", "host name", "another CA"],
+)  # fmt: skip
+def test_a_certificate_not_trusted_is_told_with_what_mends_it(code: int, why: str, advice: str) -> None:
+    """An expired broker certificate was told to be mended by esk's CA file."""
+    error = ssl.SSLCertVerificationError(1, "certificate verify failed")
+    error.verify_code, error.verify_message = code, why
+    assert not_trusted("Kafka at k1:9093", error) == f"Kafka at k1:9093: its TLS certificate is not trusted ({why}); {advice}"
 
 
 def topics_init_error(monkeypatch: pytest.MonkeyPatch, environment: dict[str, str]) -> str:

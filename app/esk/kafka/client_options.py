@@ -150,12 +150,7 @@ async def check_access(settings: Settings) -> bool:
         try:
             connection = await create_conn(host, int(port), **connection_options)
         except ssl.SSLCertVerificationError as error:
-            hostname_hint = ", ESK_KAFKA__SSL_CHECK_HOSTNAME=false skips the host name check"
-            raise KafkaAccessError(
-                f"{where}: its TLS certificate is not trusted ({error.verify_message}); "
-                "ESK_KAFKA__SSL_CAFILE names the CA certificates to trust (PEM)"
-                + (hostname_hint if error.verify_code == _HOSTNAME_MISMATCH else "")
-            ) from None
+            raise KafkaAccessError(not_trusted(where, error)) from None
         except ssl.SSLError as error:
             raise KafkaAccessError(
                 f"{where}: the TLS handshake failed ({error.reason or error}); "
@@ -229,6 +224,20 @@ _CONNECTION_OPTIONS = (
     "sasl_oauth_token_provider",
 )
 _HOSTNAME_MISMATCH = 62  # X509_V_ERR_HOSTNAME_MISMATCH
+_EXPIRED = 10  # X509_V_ERR_CERT_HAS_EXPIRED
+
+
+def not_trusted(where: str, error: ssl.SSLCertVerificationError) -> str:
+    """Why a broker's certificate is not trusted, and what to do, which depends on why."""
+    told = f"{where}: its TLS certificate is not trusted ({error.verify_message}); "
+    if error.verify_code == _EXPIRED:
+        return told + "the broker needs a certificate renewed (or esk's clock is wrong): no setting of esk's mends it"
+    if error.verify_code == _HOSTNAME_MISMATCH:
+        return told + (
+            "ESK_KAFKA__BOOTSTRAP_SERVERS names the brokers as their certificates do not: name them as they do "
+            "(ESK_KAFKA__SSL_CHECK_HOSTNAME=false skips the host name check)"
+        )
+    return told + "ESK_KAFKA__SSL_CAFILE names the CA certificates to trust (PEM)"
 
 
 def _detail(error: KafkaError) -> str:
