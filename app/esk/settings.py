@@ -16,8 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from dotenv import dotenv_values
-from pydantic import BaseModel, Field, ValidationError, model_validator
-from pydantic_core import PydanticCustomError
+from pydantic import BaseModel, Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 # Everything esk keeps on disk lives under the directory it runs in, never under the
@@ -46,20 +45,6 @@ class KafkaSettings(BaseModel):
     request_timeout_ms: int = 30_000
     # Anything else an aiokafka client accepts, e.g. {"connections_max_idle_ms": 540000}.
     extra: dict[str, Any] = Field(default_factory=dict)
-
-    @model_validator(mode="after")
-    def _sasl_credentials(self) -> KafkaSettings:
-        """A user and password mechanism's credentials set: a client without them fails in
-        aiokafka with a traceback (`'NoneType' object has no attribute 'encode'`)."""
-        mechanism = self.sasl_mechanism or "PLAIN"  # aiokafka's default
-        if self.security_protocol.startswith("SASL") and mechanism in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"):
-            unset = [f"ESK_KAFKA__{name.upper()}" for name in ("sasl_plain_username", "sasl_plain_password") if getattr(self, name) is None]
-            if unset:
-                raise PydanticCustomError(
-                    "sasl_credentials", "{protocol} with {mechanism} needs {unset}, not set",
-                    {"protocol": self.security_protocol, "mechanism": mechanism, "unset": " and ".join(unset)},
-                )  # fmt: skip
-        return self
 
 
 class BrokerSaslSslSettings(BaseModel):

@@ -347,6 +347,24 @@ def test_no_client_certificate_stops_topics_init_with_one_line(secured_settings:
     )
 
 
+@pytest.mark.parametrize(
+    ("given", "told"),
+    [
+        ({"ESK_KAFKA__SASL_MECHANISM": "SCRAM-SHA-512", "ESK_KAFKA__SASL_PLAIN_USERNAME": "esk"},
+         "SASL_SSL with SCRAM-SHA-512 needs ESK_KAFKA__SASL_PLAIN_PASSWORD, not set"),
+        ({}, "SASL_SSL with PLAIN needs ESK_KAFKA__SASL_PLAIN_USERNAME and ESK_KAFKA__SASL_PLAIN_PASSWORD, not set"),
+    ],
+    ids=["no password", "neither"],
+)  # fmt: skip
+def test_sasl_without_its_credentials_stops_topics_init_with_one_line(monkeypatch: pytest.MonkeyPatch, given: dict[str, str], told: str) -> None:
+    """Before any connection (aiokafka's clients failed on them with a traceback); a document
+    of the topics (`esk schema asyncapi`) needs none."""
+    for name in ("ESK_KAFKA__SASL_PLAIN_USERNAME", "ESK_KAFKA__SASL_PLAIN_PASSWORD", "ESK_KAFKA__SASL_MECHANISM"):
+        monkeypatch.delenv(name, raising=False)
+    environment = {"ESK_KAFKA__BOOTSTRAP_SERVERS": "127.0.0.1:9", "ESK_KAFKA__SECURITY_PROTOCOL": "SASL_SSL", **given}
+    assert topics_init_error(monkeypatch, environment) == f"error: ESK_KAFKA__SECURITY_PROTOCOL={told}"
+
+
 def test_a_wrong_key_password_or_a_missing_file_stops_topics_init_with_one_line(
     certificates: Certificates, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

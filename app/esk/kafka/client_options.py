@@ -130,6 +130,13 @@ async def check_access(settings: Settings) -> bool:
     KafkaAccessError when TLS or SASL refuses the connection. A broker that cannot be
     reached is no error here (each client reports that, or waits for it, as it does): the
     answer is whether one was."""
+    kafka = settings.kafka
+    mechanism = kafka.sasl_mechanism or "PLAIN"  # aiokafka's default
+    # Every client would fail on them in aiokafka, with a traceback (`'NoneType' object has
+    # no attribute 'encode'`)
+    unset = [f"ESK_KAFKA__{name.upper()}" for name in ("sasl_plain_username", "sasl_plain_password") if getattr(kafka, name) is None]
+    if kafka.security_protocol.startswith("SASL") and mechanism in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512") and unset:
+        raise KafkaAccessError(f"ESK_KAFKA__SECURITY_PROTOCOL={kafka.security_protocol} with {mechanism} needs {' and '.join(unset)}, not set")
     try:
         options = client_options(settings)
     except (ssl.SSLError, OSError) as error:  # every client would fail so, with a traceback
