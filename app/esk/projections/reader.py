@@ -56,7 +56,7 @@ class ReadModelRows:
         return self._models
 
     def read(self, name: str, filters: dict[str, str], limit: int) -> list[dict[str, Any]]:
-        return self.view(name, filters, limit).rows
+        return read_rows(self.tables, self.model(name), filters, limit)
 
     def view(self, name: str, filters: dict[str, str], limit: int) -> ReadModelView:
         """Its rows and the aggregates it holds back, both of the generation readers use
