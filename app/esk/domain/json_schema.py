@@ -32,7 +32,7 @@ def decimal_pattern(max_digits: int | None, decimal_places: int | None) -> str:
     if max_digits is None:
         fraction = r"\d*" if decimal_places is None else rf"\d{{0,{decimal_places}}}0*"
         return rf"{DECIMAL_PATTERN_START}\d*\.?{fraction}$"
-    whole = max_digits if decimal_places is None else max(0, max_digits - decimal_places)
+    whole = whole_digits(max_digits, decimal_places)
     # A point's text: at most max_digits digits and the point, before trailing zeros.
     pointed = rf"(?=[\d.]{{1,{max_digits + 1}}}0*$)"
     if decimal_places is None:
@@ -40,6 +40,13 @@ def decimal_pattern(max_digits: int | None, decimal_places: int | None) -> str:
     else:
         pointed += rf"\d{{0,{whole}}}\.\d{{0,{decimal_places}}}0*$"
     return rf"{DECIMAL_PATTERN_START}(?:\d{{0,{whole}}}|{pointed})"
+
+
+def whole_digits(max_digits: int | None, decimal_places: int | None) -> int | None:
+    """The digits a Decimal may have before its point (None: any)."""
+    if max_digits is None:
+        return None
+    return max_digits if decimal_places is None else max(0, max_digits - decimal_places)
 
 
 def decimal_bounds(pattern: str) -> tuple[int | None, int | None] | None:

@@ -27,6 +27,7 @@ from hypothesis.errors import HypothesisException, NoSuchExample
 from pydantic import ValidationError
 
 from ..domain.aggregate import AggregateType
+from ..domain.json_schema import whole_digits
 from ..registry import Registry
 from .diff import Change, Schema, changes, differences, same_shape
 from .examples import Unsupported, from_schema
@@ -157,9 +158,8 @@ def _holds_all(before: tuple[int | None, int | None], after: tuple[int | None, i
     one bounded by `before`'s did: as many digits, whole digits and places, or more."""
 
     def limits(max_digits: int | None, decimal_places: int | None) -> tuple[int | None, int | None, int | None]:
-        whole = None if max_digits is None else max_digits if decimal_places is None else max(0, max_digits - decimal_places)
         places = max_digits if decimal_places is None else decimal_places
-        return max_digits, whole, places
+        return max_digits, whole_digits(max_digits, decimal_places), places
 
     return all(new is None or (old is not None and new >= old) for old, new in zip(limits(*before), limits(*after), strict=True))
 
